@@ -1,0 +1,46 @@
+# One entry point per job. Every target sets up what it needs first, so each works on a fresh clone.
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON ?= python3
+
+.PHONY: setup run sim test lint test-vllm test-deploy test-observability chaos bench gpu-check clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+run: setup  ## the proxy in front of the embedded simulator (or LIFEGUARD_UPSTREAM)
+	$(BIN)/vllm-lifeguard serve
+
+sim: setup  ## the simulator alone on :8000
+	$(BIN)/vllm-lifeguard sim --port 8000
+
+lint: setup
+	$(BIN)/ruff check proxy tests
+	$(BIN)/ruff format --check proxy tests
+	$(BIN)/mypy
+
+test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
+	$(BIN)/pytest -q
+
+test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
+	bash scripts/test-vllm.sh
+
+test-deploy: setup  ## Dockerfile, k8s manifests, config and trainer guides
+	bash scripts/check-deploy.sh
+
+test-observability: setup  ## real Prometheus scraping the proxy; every panel and alert has data
+	bash scripts/check-observability.sh
+
+chaos: setup  ## the full chaos run (CI runs a bounded one)
+	bash scripts/chaos.sh
+
+bench: setup  ## the performance table (docs/performance.md)
+	bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,2 @@
+"""vllm-lifeguard."""
+__version__ = "0.1.0"

@@ -1,0 +1,146 @@
+"""Settings: one frozen, typed object built once at start-up and passed in, never reached for.
+
+Sources, strongest first: explicit values (CLI flags), `LIFEGUARD_*` environment variables, the YAML
+file named by `--config` (or `LIFEGUARD_CONFIG`), then the defaults below, which
+`config/lifeguard.yaml` documents one by one (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+OnSleeping = Literal["hold", "reject", "wake"]
+
+
+class Settings(BaseSettings):
+    """Everything the proxy can be told. Validated once; immutable afterwards."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LIFEGUARD_", frozen=True, extra="forbid", validate_default=True
+    )
+
+    # --- where we listen and what we guard
+    upstream: str | None = Field(
+        default=None, description="vLLM base URL; unset starts the embedded simulator as upstream"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+
+    # --- the data plane
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
+    upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_held_requests: int = Field(default=10_000, ge=0)
+    hold_timeout_s: float = Field(default=300.0, gt=0)
+
+    # --- the control plane
+    lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
+    lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
+    control_call_timeout_s: float = Field(default=10.0, gt=0)
+    weight_reload_rpc_methods: tuple[str, ...] = ("reload_weights",)
+    admin_token: SecretStr | None = None
+
+    # --- verification after every lifecycle 200
+    verify_timeout_s: float = Field(default=10.0, gt=0)
+    verify_poll_interval_s: float = Field(default=0.05, gt=0)
+    gpu_probe: str = Field(default="nvml", description="nvml | file:PATH | none")
+    gpu_devices: tuple[str, ...] = ()
+    sleep_min_freed_fraction: float = Field(default=0.5, ge=0, le=1)
+    wake_min_restored_fraction: float = Field(default=0.9, ge=0, le=1)
+    weights_wake_tolerance_fraction: float = Field(default=0.5, ge=0, le=1)
+    canary_enabled: bool = True
+    canary_prompt: str = "The capital of France is"
+    canary_timeout_s: float = Field(default=30.0, gt=0)
+    canary_max_logprob_drift: float = Field(default=2.0, gt=0)
+
+    # --- between calls
+    reconcile_interval_s: float = Field(default=2.0, gt=0)
+    hold_while_weights_stale: bool = False
+
+    # --- operating policies
+    on_sleeping: OnSleeping = "hold"
+    idle_sleep_after_s: float | None = Field(default=None, gt=0)
+    idle_sleep_level: int = Field(default=1, ge=0, le=2)
+    drain_before_sleep_s: float = Field(default=0.0, ge=0)
+
+    # --- shutdown
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_is_http_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https:// (got {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("gpu_probe")
+    @classmethod
+    def _gpu_probe_known(cls, value: str) -> str:
+        if value in ("nvml", "none") or (value.startswith("file:") and len(value) > len("file:")):
+            return value
+        raise ValueError(f"must be nvml, none or file:PATH (got {value!r})")
+
+    @field_validator("gpu_devices", "weight_reload_rpc_methods", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _hold_fits_in_queue_wait(self) -> Settings:
+        if self.admin_token is not None and not self.admin_token.get_secret_value():
+            raise ValueError("admin_token is set but empty")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = _yaml_file_in_context()
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+_yaml_path: list[Path] = []
+
+
+def _yaml_file_in_context() -> Path | None:
+    return _yaml_path[-1] if _yaml_path else None
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from flags (`overrides`), env, and an optional YAML file; raises on bad values."""
+    clean = {key: value for key, value in overrides.items() if value is not None}
+    if config_file is None:
+        return Settings(**clean)
+    path = Path(config_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    # pydantic-settings builds sources inside the class; a short-lived stack passes the path in.
+    _yaml_path.append(path)
+    try:
+        return Settings(**clean)
+    finally:
+        _yaml_path.pop()
