@@ -1,0 +1,382 @@
+"""Prometheus metrics: every series the proxy exports, and the one place that imports prometheus_client.
+
+Owns: the metric objects, their names, HELP texts, buckets and the closed sets of label values.
+Does not own: deciding *when* something happened. Callers report events through intention-named
+methods (``state_changed``, ``hold_finished`` ...) and never touch a metric object directly.
+
+Rules kept here (prometheus naming practice, style.md §4a):
+* ``lifeguard_`` prefix, base units (seconds, bytes), ``_total`` on counters.
+* Every label takes its values from a small closed tuple exported below; every combination known
+  in advance is created at start-up so a series reads 0 before its first event, not "no data".
+  The one exception is ``gpu``: the device set is only known once the probe has read it.
+* A label value outside its tuple is a programming error and raises ``KeyError`` naming the value,
+  so a typo in a caller fails its tests instead of inventing a new series in production.
+* Methods on the request path are a dict lookup plus one ``inc``/``observe``/``set``: children are
+  bound once, at construction.
+* The registry is injected (one per app), never prometheus_client's global ``REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+__all__ = [
+    "CHECKS",
+    "CHECK_RESULTS",
+    "HOLD_OUTCOMES",
+    "INFERENCE_OUTCOMES",
+    "LIFECYCLE_BUCKETS",
+    "OPERATION_OUTCOMES",
+    "POLICIES",
+    "REQUEST_BUCKETS",
+    "ROUTE_CLASSES",
+    "Metrics",
+]
+
+#: How a lifecycle call (sleep, wake_up, pause ...) ended, as answered to its caller.
+OPERATION_OUTCOMES: tuple[str, ...] = (
+    "ok",  # forwarded, upstream 200, verified
+    "noop",  # answered by us without touching vLLM (already in the asked-for state)
+    "joined",  # an identical call was in flight; this one shared its outcome
+    "invalid",  # 400: a parameter failed validation, nothing sent
+    "refused",  # 409: not allowed from the current state
+    "busy",  # 409 lifecycle_busy: waited its turn past the deadline
+    "unauthorized",  # admin token missing or wrong
+    "upstream_error",  # vLLM answered 5xx, timed out, reset or was unreachable
+    "verification_failed",  # vLLM said 200 but the checks disagreed (a "200 lie")
+)
+
+#: How a held inference request left the hold queue.
+HOLD_OUTCOMES: tuple[str, ...] = (
+    "forwarded",
+    "client_gone",
+    "hold_timeout",
+    "hold_queue_full",
+    "shutting_down",
+    "engine_unavailable",
+)
+
+#: How an inference request ended at the proxy (counted once, when it ends).
+INFERENCE_OUTCOMES: tuple[str, ...] = (
+    *HOLD_OUTCOMES,
+    "engine_sleeping",
+    "upstream_unreachable",
+    "stream_broken",
+    "body_too_large",
+)
+
+#: Which table row a request was classified under.
+ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough", "lifeguard")
+
+#: Verification checks run after a lifecycle 200, and their results.
+CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary")
+CHECK_RESULTS: tuple[str, ...] = ("pass", "fail", "unavailable")
+
+#: Operating policies that can act on their own.
+POLICIES: tuple[str, ...] = ("wake_on_request", "idle_sleep", "drain_before_sleep")
+
+#: Lifecycle operations: a wake with CUDA graph capture or a weight reload takes tens of seconds,
+#: so the buckets reach 10 minutes (prometheus_client's defaults stop at 10 s).
+LIFECYCLE_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+
+#: Requests and holds: from sub-millisecond passthroughs to generations and holds of many minutes.
+REQUEST_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+
+
+_M = TypeVar("_M", Counter, Histogram)
+
+
+def _bind(parent: _M, values: Iterable[str]) -> dict[str, _M]:
+    """One pre-created child per label value: the hot path does a dict lookup, not ``labels()``."""
+    return {value: parent.labels(value) for value in values}
+
+
+class Metrics:
+    """The proxy's metrics on one injected registry, fed through one method per kind of event.
+
+    ``states`` is the state machine's state names, the first being the state at start-up;
+    ``operations`` is the lifecycle operations the coordinator reports. ``edges`` optionally
+    narrows the pre-created ``from_state``/``to_state`` pairs to the machine's real transitions
+    (default: every ordered pair of distinct states).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        version: str,
+        states: Sequence[str],
+        operations: Sequence[str],
+        edges: Iterable[tuple[str, str]] | None = None,
+    ) -> None:
+        self.registry = registry
+        states = tuple(states)
+        operations = tuple(operations)
+
+        Info(
+            "lifeguard_build",
+            "Build of the running vllm-lifeguard proxy; constant 1, the version is in the label.",
+            registry=registry,
+        ).info({"version": version})
+
+        # --- the authoritative state
+        self._state = Enum(
+            "lifeguard_state",
+            "The proxy's authoritative engine state: 1 for the current state, 0 for every other; "
+            "changes on each state-machine transition.",
+            states=list(states),
+            registry=registry,
+        )
+        self._state_entered = Gauge(
+            "lifeguard_state_entered_timestamp_seconds",
+            "Unix time at which the current lifeguard_state was entered; set on each transition.",
+            registry=registry,
+        )
+        self._state_entered.set_to_current_time()
+        transitions = Counter(
+            "lifeguard_state_transitions",
+            "State-machine transitions taken, counted when the new state is entered.",
+            ["from_state", "to_state"],
+            registry=registry,
+        )
+        pairs = (
+            edges if edges is not None else ((a, b) for a, b in itertools.product(states, states) if a != b)
+        )
+        self._transitions_parent = transitions
+        self._transitions = {(a, b): transitions.labels(a, b) for a, b in pairs}
+        self._state_names = frozenset(states)
+
+        # --- lifecycle operations
+        operations_total = Counter(
+            "lifeguard_lifecycle_operations",
+            "Lifecycle calls (sleep, wake_up, pause ...) received, counted when answered, by outcome.",
+            ["operation", "outcome"],
+            registry=registry,
+        )
+        self._operations = {
+            (op, outcome): operations_total.labels(op, outcome)
+            for op, outcome in itertools.product(operations, OPERATION_OUTCOMES)
+        }
+        duration = Histogram(
+            "lifeguard_lifecycle_operation_duration_seconds",
+            "Wall time of a lifecycle call from arrival to answer (queueing, upstream call and "
+            "verification included), observed when answered, whatever the outcome.",
+            ["operation"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=registry,
+        )
+        self._operation_durations = _bind(duration, operations)
+
+        # --- held and in-flight inference requests
+        self._held = Gauge(
+            "lifeguard_held_requests",
+            "Inference requests held by the proxy right now, waiting for the engine to be RUNNING.",
+            registry=registry,
+        )
+        hold = Histogram(
+            "lifeguard_hold_duration_seconds",
+            "Time an inference request spent held, observed when it leaves the hold, by how it left.",
+            ["outcome"],
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        self._holds = _bind(hold, HOLD_OUTCOMES)
+        inference = Counter(
+            "lifeguard_inference_requests",
+            "Inference requests, counted once when they end, by outcome (forwarded or why not).",
+            ["outcome"],
+            registry=registry,
+        )
+        self._inference = _bind(inference, INFERENCE_OUTCOMES)
+        self._inflight = Gauge(
+            "lifeguard_inflight_requests",
+            "Inference requests forwarded to vLLM whose response has not finished yet.",
+            registry=registry,
+        )
+        self._upstream_latency = Histogram(
+            "lifeguard_upstream_response_latency_seconds",
+            "Time from sending a request to vLLM to receiving its response headers, observed per "
+            "forwarded request.",
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        request_duration = Histogram(
+            "lifeguard_request_duration_seconds",
+            "Wall time of a request through the proxy, arrival to last byte (holding included), "
+            "observed when it ends, by route class.",
+            ["route_class"],
+            buckets=REQUEST_BUCKETS,
+            registry=registry,
+        )
+        self._request_durations = _bind(request_duration, ROUTE_CLASSES)
+
+        # --- verification: catching "200 lies"
+        checks = Counter(
+            "lifeguard_verification_checks",
+            "Verification checks run after a lifecycle 200, by check and result.",
+            ["check", "result"],
+            registry=registry,
+        )
+        self._checks = {
+            (check, result): checks.labels(check, result)
+            for check, result in itertools.product(CHECKS, CHECK_RESULTS)
+        }
+        lies = Counter(
+            "lifeguard_lies_caught",
+            'Lifecycle calls that vLLM answered 200 but verification proved untrue ("200 lies"), '
+            "by operation and the check that caught it.",
+            ["operation", "check"],
+            registry=registry,
+        )
+        self._lies = {
+            (op, check): lies.labels(op, check) for op, check in itertools.product(operations, CHECKS)
+        }
+        self._drift = Counter(
+            "lifeguard_drift_events",
+            "Times reconciliation found vLLM's real state differing from the proxy's, counted when "
+            "detected (someone called vLLM directly, or the engine changed on its own).",
+            registry=registry,
+        )
+        self._restarts = Counter(
+            "lifeguard_engine_restarts",
+            "Times the engine was seen to have restarted (it came back awake and fresh after being "
+            "unreachable or asleep), counted when detected.",
+            registry=registry,
+        )
+        self._weights_stale = Gauge(
+            "lifeguard_weights_stale",
+            "1 while the engine's weights are known stale (after a level-2 sleep, until weights are "
+            "loaded again), else 0.",
+            registry=registry,
+        )
+
+        # --- GPU memory, as the probe last read it
+        self._gpu_used = Gauge(
+            "lifeguard_gpu_memory_used_bytes",
+            "GPU memory in use on the device, as last read by the proxy's probe (NVML or file).",
+            ["gpu"],
+            registry=registry,
+        )
+        self._gpu_total = Gauge(
+            "lifeguard_gpu_memory_total_bytes",
+            "Total GPU memory of the device, as last read by the proxy's probe.",
+            ["gpu"],
+            registry=registry,
+        )
+        self._gpu_probe = Gauge(
+            "lifeguard_gpu_probe_available",
+            "1 if the last GPU memory probe succeeded, 0 if there is no probe or it failed.",
+            registry=registry,
+        )
+
+        # --- operating policies
+        policies = Counter(
+            "lifeguard_policy_actions",
+            "Actions an operating policy took on its own (a wake on request, an idle sleep, a drain), "
+            "counted when started.",
+            ["policy"],
+            registry=registry,
+        )
+        self._policies = _bind(policies, POLICIES)
+
+    def handler(self) -> Handler:
+        """The aiohttp handler serving this registry (mounted at ``GET /lifeguard/metrics``)."""
+        return make_aiohttp_handler(self.registry)
+
+    # --- state
+
+    def state_changed(self, src: str, dst: str) -> None:
+        """The state machine moved from ``src`` to ``dst``."""
+        child = self._transitions.get((src, dst))
+        if child is None:
+            child = self._new_edge(src, dst)
+        child.inc()
+        self._state.state(dst)
+        self._state_entered.set_to_current_time()
+
+    def _new_edge(self, src: str, dst: str) -> Counter:
+        unknown = {src, dst} - self._state_names
+        if unknown:
+            raise KeyError(f"unknown state(s) {sorted(unknown)}")
+        child = self._transitions[(src, dst)] = self._transitions_parent.labels(src, dst)
+        return child
+
+    # --- lifecycle
+
+    def operation_finished(self, operation: str, outcome: str, seconds: float) -> None:
+        """A lifecycle call was answered (``outcome`` from OPERATION_OUTCOMES) after ``seconds``."""
+        self._operations[(operation, outcome)].inc()
+        self._operation_durations[operation].observe(seconds)
+
+    # --- requests
+
+    def held_now(self, count: int) -> None:
+        """The number of requests currently held."""
+        self._held.set(count)
+
+    def hold_finished(self, outcome: str, seconds: float) -> None:
+        """A held request left the hold (``outcome`` from HOLD_OUTCOMES) after ``seconds``."""
+        self._holds[outcome].observe(seconds)
+
+    def inference_finished(self, outcome: str) -> None:
+        """An inference request ended (``outcome`` from INFERENCE_OUTCOMES)."""
+        self._inference[outcome].inc()
+
+    def inflight_now(self, count: int) -> None:
+        """The number of requests forwarded to vLLM and not finished."""
+        self._inflight.set(count)
+
+    def upstream_latency(self, seconds: float) -> None:
+        """vLLM's response headers arrived ``seconds`` after the request was sent."""
+        self._upstream_latency.observe(seconds)
+
+    def request_duration(self, route_class: str, seconds: float) -> None:
+        """A request of ``route_class`` (from ROUTE_CLASSES) finished after ``seconds``."""
+        self._request_durations[route_class].observe(seconds)
+
+    # --- verification and reconciliation
+
+    def verification(self, check: str, result: str) -> None:
+        """A verification ``check`` (CHECKS) ran with ``result`` (CHECK_RESULTS)."""
+        self._checks[(check, result)].inc()
+
+    def lie_caught(self, operation: str, check: str) -> None:
+        """``operation`` answered 200 but ``check`` proved it untrue."""
+        self._lies[(operation, check)].inc()
+
+    def drift(self) -> None:
+        """Reconciliation found vLLM's state differing from ours."""
+        self._drift.inc()
+
+    def engine_restart(self) -> None:
+        """The engine was seen to have restarted."""
+        self._restarts.inc()
+
+    def weights_stale(self, stale: bool) -> None:
+        """Whether the engine's weights are stale now."""
+        self._weights_stale.set(1 if stale else 0)
+
+    def gpu_memory(self, gpu: str, used_bytes: int, total_bytes: int) -> None:
+        """The probe read ``used_bytes`` of ``total_bytes`` on device ``gpu`` (its index or UUID)."""
+        self._gpu_used.labels(gpu).set(used_bytes)
+        self._gpu_total.labels(gpu).set(total_bytes)
+
+    def gpu_probe_available(self, available: bool) -> None:
+        """Whether the last GPU memory probe succeeded."""
+        self._gpu_probe.set(1 if available else 0)
+
+    # --- policies
+
+    def policy_action(self, policy: str) -> None:
+        """An operating ``policy`` (POLICIES) acted on its own."""
+        self._policies[policy].inc()
