@@ -1,0 +1,83 @@
+"""``create_sim_app``: the simulator as an aiohttp application.
+
+A simulated process death (the ``crash`` fault, or the watchdog after ``lie-dead``) ends the real process
+with ``os._exit(1)`` when ``crash_exits_process`` is set, as the CLI does. In-process (tests) the app
+instead resets every open connection and keeps resetting new ones until ``engine.restart()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from proxy.sim import routes_info, routes_lifecycle, routes_openai
+from proxy.sim.engine import Engine
+from proxy.sim.errors import EngineGone, EngineHTTPError
+from proxy.sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
+from proxy.sim.responses import json_response
+from proxy.sim.settings import SimSettings
+
+__all__ = ["SIM_ENGINE", "SimSettings", "create_sim_app"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _lifeline(request: web.Request, handler: Handler) -> web.StreamResponse:
+    engine = request.app[SIM_ENGINE]
+    live = request.app[LIVE_REQUESTS]
+    if engine.scheduler.gone:
+        reset_connection(request)
+        return web.Response(status=500)
+    live.add(request)
+    try:
+        return await handler(request)
+    except EngineGone:
+        # Nothing reaches the caller: its connection was reset.
+        reset_connection(request)
+        return web.Response(status=500)
+    except EngineHTTPError as exc:
+        return json_response(exc.body, status=exc.status)
+    except web.HTTPNotFound:
+        return json_response({"detail": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed:
+        return json_response({"detail": "Method Not Allowed"}, status=405)
+    finally:
+        live.discard(request)
+
+
+def _on_gone(settings: SimSettings, live: LiveRequests) -> Callable[[str], None]:
+    def gone(reason: str) -> None:
+        if settings.crash_exits_process:
+            sys.stderr.write(f"vllm-lifeguard sim: {reason}; exiting\n")
+            sys.stderr.flush()
+            os._exit(1)
+        live.reset_all()
+
+    return gone
+
+
+def create_sim_app(settings: SimSettings | None = None) -> web.Application:
+    """Build the simulator app; the engine is ``app[SIM_ENGINE]``."""
+    settings = settings or SimSettings()
+    live = LiveRequests()
+    engine = Engine(settings, on_gone=_on_gone(settings, live))
+    app = web.Application(middlewares=[_lifeline], client_max_size=64 * 1024 * 1024)
+    app[SIM_ENGINE] = engine
+    app[LIVE_REQUESTS] = live
+    routes_openai.add_routes(app)
+    routes_lifecycle.add_routes(app)
+    routes_info.add_routes(app)
+
+    async def start(_app: web.Application) -> None:
+        engine.publish()
+
+    async def stop(_app: web.Application) -> None:
+        engine.shutdown()
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+    return app

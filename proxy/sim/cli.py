@@ -1,0 +1,134 @@
+"""``vllm-lifeguard sim``: run the simulator as its own process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from aiohttp import web
+
+from proxy.sim.app import create_sim_app
+from proxy.sim.faults import KINDS, OPS, FaultSpecError, parse_fault
+from proxy.sim.settings import SimSettings
+
+_EPILOG = (
+    "fault specs: OP:KIND[@N|@pP]  (once by default; @N = the next N calls; @pP = probability P per call,\n"
+    "from a seeded RNG). Repeat --fault for several; change them at run time with POST /sim/faults.\n\n"
+    f"OP is one of: {', '.join(OPS)}\n\nKIND is one of:\n"
+    + "\n".join(f"  {kind:<11} {text}" for kind, text in KINDS.items())
+    + "\n\nexamples:\n  --fault wake_up:error500@1 --fault sleep:lie-dead@p0.1 --fault generate:slow:0.5@3\n\n"
+    "sim-only routes: GET /sim/state (true engine state, memory, counters, violations),\n"
+    "GET /sim/faults, POST /sim/faults (JSON list of specs; [] clears)."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = SimSettings()
+    parser = argparse.ArgumentParser(
+        prog="vllm-lifeguard sim",
+        description="A vLLM 0.32 stand-in that is faithful on every sleep/wake/pause/weight-update path "
+        "and can fail the ways vLLM fails.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    add("--model", default=defaults.model, help="served model name (default: %(default)s)")
+    add(
+        "--sleep-seconds",
+        type=float,
+        default=defaults.sleep_seconds,
+        help="time a level>=1 sleep takes (default: %(default)s)",
+    )
+    add(
+        "--wake-seconds",
+        type=float,
+        default=defaults.wake_seconds,
+        help="time a wake of sleeping tags takes (default: %(default)s)",
+    )
+    add(
+        "--token-seconds",
+        type=float,
+        default=defaults.token_seconds,
+        help="time per generated token (default: %(default)s)",
+    )
+    add(
+        "--fault", action="append", default=[], metavar="OP:KIND[@N|@pP]", help="inject a fault (repeatable; see below)"
+    )
+    add(
+        "--gpu-file",
+        default=None,
+        metavar="PATH",
+        help="write simulated GPU memory as JSON here, atomically, at start and on every change",
+    )
+    add("--weights-gib", type=float, default=defaults.weights_gib, help="weights size (default: %(default)s)")
+    add("--kv-gib", type=float, default=defaults.kv_gib, help="KV cache pool size (default: %(default)s)")
+    add(
+        "--overhead-gib",
+        type=float,
+        default=defaults.overhead_gib,
+        help="memory that never sleeps: CUDA context, activations (default: %(default)s)",
+    )
+    add("--total-gib", type=float, default=defaults.total_gib, help="device memory (default: %(default)s)")
+    add("--seed", type=int, default=defaults.seed, help="seed for generated text and @pP faults")
+    add("--max-model-len", type=int, default=defaults.max_model_len, help="context length (default: %(default)s)")
+    add(
+        "--no-sleep-mode",
+        action="store_true",
+        help="act like vLLM without --enable-sleep-mode: /sleep answers 200 and flips the flags but frees no memory",
+    )
+    add(
+        "--watchdog-seconds",
+        type=float,
+        default=defaults.watchdog_seconds,
+        help="after lie-dead, the process exits this much later (default: %(default)s)",
+    )
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(
+        model=args.model,
+        sleep_seconds=args.sleep_seconds,
+        wake_seconds=args.wake_seconds,
+        token_seconds=args.token_seconds,
+        faults=tuple(args.fault),
+        gpu_file=args.gpu_file,
+        weights_gib=args.weights_gib,
+        kv_gib=args.kv_gib,
+        overhead_gib=args.overhead_gib,
+        total_gib=args.total_gib,
+        seed=args.seed,
+        crash_exits_process=True,
+        sleep_mode=not args.no_sleep_mode,
+        watchdog_seconds=args.watchdog_seconds,
+        max_model_len=args.max_model_len,
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for spec in args.fault:
+        try:
+            parse_fault(spec)
+        except FaultSpecError as exc:
+            parser.error(str(exc))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_sim_app(settings_from(args))
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        handler_cancellation=True,
+        shutdown_timeout=5.0,
+        print=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

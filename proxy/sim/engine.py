@@ -1,0 +1,352 @@
+"""The engine model, with no HTTP: sleep tags, pause state, weights, faults, counters, violations.
+
+It follows vLLM 0.32 as measured (``vllm-on-cpu.md`` §1.4, §5) and as read in the source
+(``vllm-lifecycle-api.md`` §2-§5):
+
+* ``is_sleeping`` = the scheduler is paused OR the executor holds a sleeping tag, so it is also true
+  after a plain ``/pause``.
+* ``/sleep`` pauses the scheduler with its ``mode`` first, then sleeps the executor unless it already
+  sleeps; a repeat therefore aborts what queued meanwhile and frees nothing.
+* ``/wake_up`` wakes the named executor tags and resumes the scheduler only once none is left asleep;
+  so it also lifts a plain ``/pause``.
+* ``/resume`` un-pauses even while asleep. That is vLLM's hazard, and the simulator records it.
+
+Breaches of engine safety go to ``violations``: the proxy's end-to-end tests assert it stays empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from proxy.sim import errors
+from proxy.sim.errors import EngineGone, EngineHTTPError
+from proxy.sim.faults import FaultBook, Fired
+from proxy.sim.memory import MEMORY_TAGS, GpuMemory, write_gpu_file
+from proxy.sim.scheduler import PauseState, Scheduler
+from proxy.sim.settings import SimSettings
+
+_ALL_TAGS = frozenset(MEMORY_TAGS)
+_AWAKE_METRIC = (1, 0, 0)
+# vLLM's /pause handler sleeps 20 ms after the engine acknowledges, to let outputs flush.
+_PAUSE_FLUSH_SECONDS = 0.02
+
+
+class Engine:
+    def __init__(self, settings: SimSettings, on_gone: Callable[[str], None] = lambda _why: None) -> None:
+        self.settings = settings
+        self.faults = FaultBook(settings.seed, settings.faults)
+        self.memory = GpuMemory(
+            weights_gib=settings.weights_gib,
+            kv_gib=settings.kv_gib,
+            overhead_gib=settings.overhead_gib,
+            total_gib=settings.total_gib,
+        )
+        self.scheduler = Scheduler()
+        self.counters: Counter[str] = Counter()
+        self.violations: list[dict[str, object]] = []
+        self._on_gone = on_gone
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
+        self._written: dict[str, object] | None = None
+        self.death_reason: str | None = None
+        self._epoch = 0
+        self._set_fresh_state()
+
+    def _set_fresh_state(self) -> None:
+        self.executor_tags: set[str] = set()
+        self.scheduling_asleep = False  # a level-0 sleep: only the scheduler sleeps
+        self.sleep_level: int | None = None
+        self.weights_valid = True
+        self.weight_update_active = False
+        self.weight_transfer_initialized = False
+        self.weight_version = "default"
+        self.garbage = False
+        self.errored = False
+        self.wedged: set[str] = set()
+        self.sleep_metric = _AWAKE_METRIC
+        self.memory.reset()
+
+    # --- observation
+    @property
+    def dead(self) -> bool:
+        return self.errored or self.scheduler.gone
+
+    @property
+    def asleep_tags(self) -> set[str]:
+        return self.executor_tags | ({"scheduling"} if self.scheduling_asleep else set())
+
+    @property
+    def is_paused(self) -> bool:
+        return self.scheduler.pause_state is not PauseState.UNPAUSED
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.is_paused or bool(self.executor_tags)
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "asleep_tags": sorted(self.asleep_tags),
+            "sleep_level": self.sleep_level,
+            "is_sleeping": self.is_sleeping,
+            "paused": self.is_paused,
+            "pause_state": self.scheduler.pause_state.value,
+            "dead": self.dead,
+            "errored": self.errored,
+            "process_gone": self.scheduler.gone,
+            "weights_valid": self.weights_valid,
+            "weight_update_active": self.weight_update_active,
+            "weight_version": self.weight_version,
+            "garbage": self.garbage,
+            "wedged": sorted(self.wedged),
+            "memory": {"used_bytes": self.memory.used_bytes, "total_bytes": self.memory.total_bytes},
+            "counters": dict(sorted(self.counters.items())),
+            "running": self.scheduler.running,
+            "waiting": self.scheduler.waiting,
+            "violations": list(self.violations),
+            "faults": self.faults.active(),
+        }
+
+    def check_health(self) -> bool:
+        if self.scheduler.gone:
+            raise EngineGone
+        return not self.errored
+
+    # --- control of the simulated process
+    def set_faults(self, specs: list[str]) -> None:
+        self.faults.replace(specs)
+
+    def publish(self) -> None:
+        """Write the GPU file when memory moved (and once at start)."""
+        snapshot = self.memory.snapshot()
+        if self._gpu_file is not None and snapshot != self._written:
+            write_gpu_file(self._gpu_file, snapshot)
+            self._written = snapshot
+
+    def die(self, reason: str) -> None:
+        """The process ends: every connection resets. In-process the app keeps resetting until restart."""
+        if self.scheduler.gone:
+            return
+        self.death_reason = reason
+        self._cancel_watchdog()
+        self._epoch += 1
+        self.scheduler.gone = True
+        self.scheduler.notify()
+        self._on_gone(reason)
+
+    def restart(self) -> None:
+        """A fresh process: awake, unpaused, initial weights; counters and violations are kept."""
+        self._cancel_watchdog()
+        self._epoch += 1
+        self.scheduler.reset()
+        self._set_fresh_state()
+        self.death_reason = None
+        self.counters["restart"] += 1
+        self.publish()
+
+    def shutdown(self) -> None:
+        """App shutdown: hung calls and held requests stop waiting so teardown never blocks."""
+        self._cancel_watchdog()
+        self._stopping.set()
+        self.scheduler.gone = True
+        self.scheduler.notify()
+
+    def _cancel_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def violate(self, kind: str, detail: str) -> None:
+        self.violations.append({"kind": kind, "detail": detail, "at": time.time()})
+
+    # --- the fault-aware frame every operation runs in
+    async def enter(self, op: str, nominal_seconds: float = 0.0) -> Fired:
+        self.counters[op] += 1
+        self.check_alive()
+        if op in self.wedged:
+            raise self._failure(op)
+        fired = self.faults.draw(op)
+        if fired.extra_seconds:
+            await asyncio.sleep(fired.extra_seconds)
+        if fired.kind in ("error500", "wedge"):
+            if fired.kind == "wedge":
+                self.wedged.add(op)
+            raise self._failure(op)
+        if fired.kind == "hang":
+            epoch = self._epoch
+            await self.scheduler.until(lambda: self._stopping.is_set() or self._epoch != epoch)
+            raise EngineGone
+        if fired.kind == "crash" and op != "generate":
+            await asyncio.sleep(nominal_seconds / 2)
+            self.die(f"crash fault during {op}")
+            raise EngineGone
+        return fired
+
+    def after(self, fired: Fired) -> None:
+        if fired.kind == "garbage":
+            self.garbage = True
+        elif fired.kind == "lie-dead" and not self.errored:
+            self.errored = True
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_later(self.settings.watchdog_seconds, self.die, "watchdog: engine core died")
+        self.publish()
+
+    def check_alive(self) -> None:
+        if self.scheduler.gone:
+            raise EngineGone
+        if self.errored:
+            raise errors.engine_dead()
+
+    def _failure(self, op: str) -> EngineHTTPError:
+        if op == "pause":
+            return errors.plain_error(500, f"Failed to pause generation: {errors.OOM_MESSAGE}")
+        if op == "resume":
+            return errors.plain_error(500, f"Failed to resume generation: {errors.OOM_MESSAGE}")
+        if op in ("sleep", "wake_up"):
+            return errors.method_failed(op, errors.OOM_MESSAGE)
+        if op == "generate":
+            return EngineHTTPError(500, errors.openai_error(errors.OOM_MESSAGE, "InternalServerError", 500))
+        return errors.worker_failed(errors.OOM_MESSAGE)
+
+    # --- sleep family
+    async def sleep(self, level: int, mode: str) -> dict[str, object]:
+        fired = await self.enter("sleep", self.settings.sleep_seconds)
+        started = time.monotonic()
+        if fired.kind != "lie-asleep":
+            await self.scheduler.pause(mode)
+            async with self._lock:
+                if not self.executor_tags and level == 0:
+                    self.scheduling_asleep = True
+                    self.sleep_level = 0
+                elif not self.executor_tags:
+                    await asyncio.sleep(self.settings.sleep_seconds)
+                    self.executor_tags = set(_ALL_TAGS)
+                    self.scheduling_asleep = False
+                    self.sleep_level = level
+                    if level >= 2:
+                        self.weights_valid = False
+                    if self.settings.sleep_mode and fired.kind != "lie-memory":
+                        self.memory.release(set(_ALL_TAGS))
+        # vLLM re-records the gauge with the requested level even when the executor was already asleep.
+        self.sleep_metric = (0, int(level == 1), int(level == 2))
+        self.scheduler.stats.durations["sleep"].append(time.monotonic() - started)
+        self.after(fired)
+        return {"status": "sleeping", "level": level}
+
+    async def wake_up(self, tags: list[str] | None) -> dict[str, object]:
+        fired = await self.enter("wake_up", self.settings.wake_seconds)
+        started = time.monotonic()
+        if fired.kind == "lie-asleep":
+            await asyncio.sleep(self.settings.wake_seconds)
+            claimed = "awake"
+        else:
+            async with self._lock:
+                wanted = set(_ALL_TAGS) if tags is None else set(tags)
+                to_wake = wanted & self.executor_tags
+                if to_wake:
+                    await asyncio.sleep(self.settings.wake_seconds)
+                    self.executor_tags -= to_wake
+                    if fired.kind != "lie-memory":
+                        self.memory.restore(to_wake)
+                if not self.executor_tags:
+                    self.sleep_level = None
+                    self.scheduling_asleep = False
+                    self.scheduler.resume()
+            claimed = "sleeping" if self.is_sleeping else "awake"
+        self.sleep_metric = _AWAKE_METRIC
+        self.scheduler.stats.durations["wake"].append(time.monotonic() - started)
+        self.after(fired)
+        return {"status": claimed, "tags": tags}
+
+    # --- pause family
+    async def pause(self, mode: str) -> dict[str, object]:
+        fired = await self.enter("pause")
+        if fired.kind != "lie-asleep":
+            await self.scheduler.pause(mode)
+        await asyncio.sleep(_PAUSE_FLUSH_SECONDS)
+        self.after(fired)
+        return {"status": "paused"}
+
+    async def resume(self) -> dict[str, object]:
+        fired = await self.enter("resume")
+        if fired.kind != "lie-asleep":
+            if self.executor_tags:
+                self.violate("resume_while_asleep", f"/resume while {sorted(self.executor_tags)} asleep")
+            self.scheduling_asleep = False
+            if not self.executor_tags:
+                self.sleep_level = None
+            self.scheduler.resume()
+        self.after(fired)
+        return {"status": "resumed"}
+
+    def abort_requests(self, ids: list[str] | None) -> dict[str, object]:
+        self.counters["abort_requests"] += 1
+        self.check_alive()
+        return {"status": "aborted", "aborted": self.scheduler.abort(set(ids) if ids else None)}
+
+    def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
+        self.counters["reset_prefix_cache"] += 1
+        self.check_alive()
+        return {"success": reset_running or self.scheduler.running == 0}
+
+    # --- weights
+    async def collective_rpc(self, method: str) -> dict[str, object] | None:
+        fired = await self.enter("collective_rpc")
+        if method != "reload_weights":
+            raise errors.worker_failed(f"'Worker' object has no attribute '{method}'")
+        if fired.kind != "lie-asleep":
+            if "weights" in self.executor_tags:
+                self.violate("reload_weights_while_asleep", "reload_weights while weights asleep")
+            else:
+                self.weights_valid = True
+                self.garbage = False
+        self.after(fired)
+        return None
+
+    def init_weight_transfer_engine(self) -> dict[str, object]:
+        self.counters["init_weight_transfer_engine"] += 1
+        self.check_alive()
+        self.weight_transfer_initialized = True
+        return {"message": "Weight transfer initialized"}
+
+    async def start_weight_update(self) -> dict[str, object]:
+        fired = await self.enter("start_weight_update")
+        if self.weight_update_active:
+            raise errors.worker_failed("A weight update is already in progress. Call finish_weight_update first.")
+        if fired.kind != "lie-asleep":
+            self.weight_update_active = True
+        self.after(fired)
+        return {"message": "Weight update started"}
+
+    async def update_weights(self) -> dict[str, object]:
+        fired = await self.enter("update_weights")
+        if not self.weight_update_active:
+            raise errors.worker_failed("start_weight_update must be called before update_weights.")
+        if "weights" in self.executor_tags:
+            self.violate("update_weights_while_asleep", "/update_weights while weights asleep")
+        self.after(fired)
+        return {"message": "Weights updated"}
+
+    async def finish_weight_update(self, version: str | None) -> dict[str, object]:
+        fired = await self.enter("finish_weight_update")
+        if not self.weight_update_active:
+            raise errors.worker_failed("finish_weight_update called without a matching start_weight_update.")
+        if fired.kind != "lie-asleep":
+            self.weight_update_active = False
+            self.weights_valid = True
+            self.garbage = False
+            if version is not None:
+                self.weight_version = version
+        self.after(fired)
+        return {"message": "Weight update finished"}
+
+    def update_weight_version(self, version: str) -> dict[str, object]:
+        self.counters["update_weight_version"] += 1
+        self.check_alive()
+        self.weight_version = version
+        return {"success": True, "new_version": version}

@@ -1,0 +1,62 @@
+"""vLLM's error bodies, built in one place, and the exceptions that carry them out of the engine.
+
+vLLM answers in three shapes: the OpenAI envelope ``{"error": {message, type, param, code}}``, FastAPI
+validation (the same envelope, type "Bad Request", ``param`` like ``"query.level"``), and the plain
+``{"error": "<string>"}`` of the pause/resume/abort handlers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OOM_MESSAGE = "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+Body = dict[str, Any]
+
+
+class EngineHTTPError(Exception):
+    """An engine outcome that vLLM reports as a non-200 answer."""
+
+    def __init__(self, status: int, body: Body) -> None:
+        super().__init__(f"{status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class EngineGone(Exception):
+    """The simulated process is gone (crashed, watchdog exit, or shutting down): no answer at all."""
+
+
+def openai_error(message: str, err_type: str, code: int, param: str | None = None) -> Body:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None) -> EngineHTTPError:
+    return EngineHTTPError(400, openai_error(message, "BadRequestError", 400, param))
+
+
+def validation_error(
+    loc: str, kind: str, msg: str, value: str, ctx: dict[str, object] | None = None
+) -> EngineHTTPError:
+    detail: dict[str, object] = {"type": kind, "loc": loc, "msg": msg, "input": value}
+    if ctx:
+        detail["ctx"] = ctx
+    return EngineHTTPError(400, openai_error(f"1 validation error:\n  {detail!r}", "Bad Request", 400, loc))
+
+
+def method_failed(method: str, message: str) -> EngineHTTPError:
+    return EngineHTTPError(500, openai_error(f"Call to {method} method failed: {message}", "InternalServerError", 500))
+
+
+def worker_failed(message: str) -> EngineHTTPError:
+    """Weight-transfer errors travel through collective_rpc, and vLLM says so in the message."""
+    return method_failed("collective_rpc", f"Worker failed with error '{message}'")
+
+
+def engine_dead() -> EngineHTTPError:
+    return EngineHTTPError(500, openai_error(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
+
+
+def plain_error(status: int, message: str) -> EngineHTTPError:
+    return EngineHTTPError(status, {"error": message})

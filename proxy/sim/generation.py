@@ -1,0 +1,99 @@
+"""A generation request's life inside the engine: arrival, hold, admission, token steps, finish.
+
+The coroutine answering the HTTP request drives its own generation through ``generate``; it parks
+whenever the scheduler may not admit or step it, so holding, freezing (``keep``) and aborting all come
+from the engine's pause state rather than from the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Callable
+
+from proxy.sim import errors
+from proxy.sim.engine import Engine
+from proxy.sim.errors import EngineGone
+from proxy.sim.faults import Fired
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.textgen import Quality, Token, TokenStream
+
+
+def new_request(
+    prefix: str,
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    external_id: str | None,
+    client_gone: Callable[[], bool],
+) -> SimRequest:
+    request_id = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    return SimRequest(request_id, external_id, prompt_tokens, max_tokens, client_gone)
+
+
+async def admit(engine: Engine, req: SimRequest) -> Fired:
+    """The request reaches the engine; from here on it is tracked, and held while the scheduler is paused."""
+    if engine.asleep_tags or engine.is_paused:
+        state = f"asleep={sorted(engine.asleep_tags)} pause={engine.scheduler.pause_state.value}"
+        engine.violate("generate_while_asleep_or_paused", f"{req.request_id} arrived with {state}")
+    fired = await engine.enter("generate")
+    if fired.kind == "garbage":
+        engine.garbage = True
+    engine.scheduler.add(req)
+    return fired
+
+
+async def generate(
+    engine: Engine, req: SimRequest, stream: TokenStream, fired: Fired, *, natural_stop: bool
+) -> AsyncGenerator[Token, None]:
+    """Tokens for ``req``; when it ends, ``req.finish_reason`` says why (None: the client left)."""
+    sched = engine.scheduler
+    try:
+        await sched.until(lambda: sched.admits, req)
+        if req.finished:
+            return
+        req.running = True
+        sched.notify()
+        _check_run_safety(engine, req)
+        crash_at = max(1, req.max_tokens // 2) if fired.kind == "crash" else None
+        reason = "length"
+        while req.produced < req.max_tokens:
+            if natural_stop and req.produced >= stream.natural_length:
+                reason = "stop"
+                break
+            await sched.until(lambda: sched.steps, req)
+            await asyncio.sleep(engine.settings.token_seconds)
+            if sched.gone:
+                raise EngineGone
+            if req.finished:
+                return
+            if engine.errored:
+                raise errors.engine_dead()
+            token = stream.next(_quality(engine))
+            req.produced += 1
+            sched.stats.generation_tokens += 1
+            yield token
+            if crash_at is not None and req.produced >= crash_at:
+                engine.die("crash fault during generate")
+                raise EngineGone
+        sched.finish(req, reason)
+        engine.after(fired)
+    finally:
+        if not req.finished and sched.gone:
+            sched.requests.pop(req.request_id, None)
+        elif not req.finished:
+            sched.finish(req, None)
+
+
+def _check_run_safety(engine: Engine, req: SimRequest) -> None:
+    if engine.executor_tags:
+        asleep = sorted(engine.executor_tags)
+        engine.violate("generate_ran_while_asleep", f"{req.request_id} ran with {asleep} asleep")
+    if not engine.weights_valid:
+        engine.violate("generate_with_invalid_weights", f"{req.request_id} ran on discarded weights")
+
+
+def _quality(engine: Engine) -> Quality:
+    if engine.garbage:
+        return Quality.DEGENERATE
+    return Quality.NORMAL if engine.weights_valid else Quality.GARBLED

@@ -1,0 +1,133 @@
+"""Always-on routes (health, version, load, metrics, models, tokenizer, OpenAPI) and the ``/sim`` routes."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from proxy.sim import errors, metrics
+from proxy.sim.faults import FaultSpecError
+from proxy.sim.keys import SIM_ENGINE
+from proxy.sim.responses import json_response
+from proxy.sim.routes_openai import chat_prompt
+from proxy.sim.textgen import VOCAB_SIZE, detokenize, piece, tokenize
+
+VLLM_VERSION = "0.32.0"
+
+
+async def health(request: web.Request) -> web.Response:
+    # vLLM's /health reads only the local "errored" flag: it stays 200 while asleep, paused or waking.
+    return web.Response(status=200 if request.app[SIM_ENGINE].check_health() else 503)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": VLLM_VERSION})
+
+
+async def load(request: web.Request) -> web.Response:
+    return json_response({"server_load": len(request.app[SIM_ENGINE].scheduler.requests)})
+
+
+async def prometheus(request: web.Request) -> web.Response:
+    text = metrics.render(request.app[SIM_ENGINE])
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def models(request: web.Request) -> web.Response:
+    settings = request.app[SIM_ENGINE].settings
+    card = {
+        "id": settings.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "vllm",
+        "root": settings.model,
+        "parent": None,
+        "max_model_len": settings.max_model_len,
+        "permission": [],
+    }
+    return json_response({"object": "list", "data": [card]})
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise errors.bad_request("Invalid JSON in request body") from None
+    if not isinstance(body, dict):
+        raise errors.bad_request("Request body must be a JSON object")
+    return body
+
+
+async def tokenize_route(request: web.Request) -> web.Response:
+    body = await _json(request)
+    text = chat_prompt(body["messages"]) if "messages" in body else body.get("prompt")
+    if not isinstance(text, str):
+        raise errors.bad_request("'prompt' must be a string", "prompt")
+    ids = tokenize(text)
+    strs = [piece(i) for i in ids] if body.get("return_token_strs") else None
+    max_len = request.app[SIM_ENGINE].settings.max_model_len
+    return json_response({"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": strs})
+
+
+async def detokenize_route(request: web.Request) -> web.Response:
+    ids = (await _json(request)).get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < VOCAB_SIZE for i in ids):
+        raise errors.bad_request(f"'tokens' must be a list of token ids below {VOCAB_SIZE}", "tokens")
+    return json_response({"prompt": detokenize(ids)})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    paths: dict[str, dict[str, object]] = {}
+    for route in request.app.router.routes():
+        info = route.resource.get_info() if route.resource else {}
+        path = str(info.get("path", ""))
+        if path and route.method in ("GET", "POST") and not path.startswith("/sim"):
+            paths.setdefault(path, {})[route.method.lower()] = {"responses": {"200": {"description": "OK"}}}
+    spec = {
+        "openapi": "3.1.0",
+        "info": {"title": "vLLM (lifeguard simulator)", "version": VLLM_VERSION},
+        "paths": dict(sorted(paths.items())),
+    }
+    return json_response(spec)
+
+
+async def sim_state(request: web.Request) -> web.Response:
+    return json_response(request.app[SIM_ENGINE].state_dict())
+
+
+async def sim_faults_get(request: web.Request) -> web.Response:
+    return json_response(request.app[SIM_ENGINE].faults.active())
+
+
+async def sim_faults_set(request: web.Request) -> web.Response:
+    try:
+        specs = json.loads(await request.read())
+    except ValueError:
+        specs = None
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise errors.EngineHTTPError(400, {"error": "body must be a JSON list of fault spec strings"})
+    engine = request.app[SIM_ENGINE]
+    try:
+        engine.set_faults(specs)
+    except FaultSpecError as exc:
+        raise errors.EngineHTTPError(400, {"error": str(exc)}) from None
+    return json_response(engine.faults.active())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health, allow_head=False)
+    app.router.add_get("/ping", health, allow_head=False)
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version, allow_head=False)
+    app.router.add_get("/load", load, allow_head=False)
+    app.router.add_get("/metrics", prometheus, allow_head=False)
+    app.router.add_get("/v1/models", models, allow_head=False)
+    app.router.add_post("/tokenize", tokenize_route)
+    app.router.add_post("/detokenize", detokenize_route)
+    app.router.add_get("/openapi.json", openapi, allow_head=False)
+    app.router.add_get("/sim/state", sim_state, allow_head=False)
+    app.router.add_get("/sim/faults", sim_faults_get, allow_head=False)
+    app.router.add_post("/sim/faults", sim_faults_set)

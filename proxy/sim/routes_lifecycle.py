@@ -1,0 +1,227 @@
+"""vLLM's dev-mode lifecycle routes: sleep, pause, caches, collective_rpc and weight updates.
+
+Handlers validate the HTTP input the way FastAPI does in vLLM, then hand over to the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from proxy.sim import errors
+from proxy.sim.keys import SIM_ENGINE
+from proxy.sim.responses import json_response
+
+_MODES = ("abort", "wait", "keep")
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    loc = f"query.{name}"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.validation_error(
+            loc, "int_parsing", "Input should be a valid integer, unable to parse string as an integer", raw
+        ) from None
+    if value < low:
+        msg = f"Input should be greater than or equal to {low}"
+        raise errors.validation_error(loc, "greater_than_equal", msg, raw, {"ge": low})
+    if value > high:
+        msg = f"Input should be less than or equal to {high}"
+        raise errors.validation_error(loc, "less_than_equal", msg, raw, {"le": high})
+    return value
+
+
+def _mode_query(request: web.Request) -> str:
+    raw = request.query.get("mode", "abort")
+    if raw not in _MODES:
+        expected = "'abort', 'wait' or 'keep'"
+        raise errors.validation_error(
+            "query.mode", "literal_error", f"Input should be {expected}", raw, {"expected": expected}
+        )
+    return raw
+
+
+def _bool_query(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise errors.validation_error(
+        f"query.{name}", "bool_parsing", "Input should be a valid boolean, unable to interpret input", raw
+    )
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise errors.EngineHTTPError(400, errors.openai_error("JSON decode error", "Bad Request", 400)) from None
+    if not isinstance(body, dict):
+        raise errors.EngineHTTPError(400, errors.openai_error("Request body must be a JSON object", "Bad Request", 400))
+    return body
+
+
+def _required(body: dict[str, Any], key: str) -> Any:
+    if key not in body:
+        raise errors.EngineHTTPError(400, errors.openai_error(f"Missing '{key}' in request body", "Bad Request", 400))
+    return body[key]
+
+
+def _ok(body: dict[str, object]) -> web.Response:
+    return json_response(body)
+
+
+async def sleep(request: web.Request) -> web.Response:
+    level = _int_query(request, "level", 1, 0, 2)
+    mode = _mode_query(request)
+    return _ok(await request.app[SIM_ENGINE].sleep(level, mode))
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    tags = request.query.getall("tags", [])
+    return _ok(await request.app[SIM_ENGINE].wake_up(list(tags) or None))
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    engine = request.app[SIM_ENGINE]
+    engine.check_alive()
+    return _ok({"is_sleeping": engine.is_sleeping})
+
+
+async def pause(request: web.Request) -> web.Response:
+    mode = _mode_query(request)
+    if _bool_query(request, "wait_for_inflight_requests", False):
+        mode = "wait"
+    _bool_query(request, "clear_cache", True)
+    return _ok(await request.app[SIM_ENGINE].pause(mode))
+
+
+async def resume(request: web.Request) -> web.Response:
+    return _ok(await request.app[SIM_ENGINE].resume())
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    engine = request.app[SIM_ENGINE]
+    if engine.errored:
+        raise errors.plain_error(500, f"Failed to fetch pause status: {errors.ENGINE_DEAD_MESSAGE}")
+    engine.check_alive()
+    return _ok({"is_paused": engine.is_paused})
+
+
+async def abort_requests(request: web.Request) -> web.Response:
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise errors.plain_error(400, "Invalid JSON format") from None
+    ids = body.get("request_ids") if isinstance(body, dict) else None
+    return _ok(request.app[SIM_ENGINE].abort_requests(list(ids) if ids else None))
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    reset_running = _bool_query(request, "reset_running_requests", False)
+    _bool_query(request, "reset_external", False)
+    return _ok(request.app[SIM_ENGINE].reset_prefix_cache(reset_running))
+
+
+async def reset_other_cache(request: web.Request) -> web.Response:
+    request.app[SIM_ENGINE].check_alive()
+    return web.Response(status=200)
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    method = _required(body, "method")
+    result = await request.app[SIM_ENGINE].collective_rpc(str(method))
+    return web.Response(status=200) if result is None else _ok(result)
+
+
+async def init_weight_transfer_engine(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    _required(body, "init_info")
+    return _ok(request.app[SIM_ENGINE].init_weight_transfer_engine())
+
+
+async def start_weight_update(request: web.Request) -> web.Response:
+    return _ok(await request.app[SIM_ENGINE].start_weight_update())
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    _required(body, "update_info")
+    return _ok(await request.app[SIM_ENGINE].update_weights())
+
+
+async def finish_weight_update(request: web.Request) -> web.Response:
+    raw = await request.read()
+    version = None
+    if raw.strip():
+        body = await _json_object(request)
+        version = body.get("weight_version")
+    return _ok(await request.app[SIM_ENGINE].finish_weight_update(None if version is None else str(version)))
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    version = _required(body, "new_version")
+    return _ok(request.app[SIM_ENGINE].update_weight_version(str(version)))
+
+
+async def weight_info(request: web.Request) -> web.Response:
+    engine = request.app[SIM_ENGINE]
+    engine.check_alive()
+    return _ok({"weight_version": engine.weight_version})
+
+
+async def get_world_size(request: web.Request) -> web.Response:
+    _bool_query(request, "include_dp", True)
+    return _ok({"world_size": 1})
+
+
+async def server_info(request: web.Request) -> web.Response:
+    settings = request.app[SIM_ENGINE].settings
+    config = (
+        f"model='{settings.model}', served_model_name='{settings.model}', "
+        f"max_model_len={settings.max_model_len}, enable_sleep_mode={settings.sleep_mode}, simulator=True"
+    )
+    return _ok({"vllm_config": config, "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}, "system_env": {}})
+
+
+def add_routes(app: web.Application) -> None:
+    post = {
+        "/sleep": sleep,
+        "/wake_up": wake_up,
+        "/pause": pause,
+        "/resume": resume,
+        "/abort_requests": abort_requests,
+        "/reset_prefix_cache": reset_prefix_cache,
+        "/reset_mm_cache": reset_other_cache,
+        "/reset_encoder_cache": reset_other_cache,
+        "/collective_rpc": collective_rpc,
+        "/init_weight_transfer_engine": init_weight_transfer_engine,
+        "/start_weight_update": start_weight_update,
+        "/update_weights": update_weights,
+        "/finish_weight_update": finish_weight_update,
+        "/update_weight_version": update_weight_version,
+    }
+    get = {
+        "/is_sleeping": is_sleeping,
+        "/is_paused": is_paused,
+        "/weight_info": weight_info,
+        "/get_world_size": get_world_size,
+        "/server_info": server_info,
+    }
+    for path, handler in post.items():
+        app.router.add_post(path, handler)
+    for path, handler in get.items():
+        app.router.add_get(path, handler, allow_head=False)

@@ -1,0 +1,275 @@
+"""``/v1/completions`` and ``/v1/chat/completions``, streaming (SSE) and not.
+
+A request is handed to the engine as soon as its body parses; from then on the engine decides whether
+it is held, runs, freezes, or ends with ``finish_reason: "abort"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from proxy.sim import errors, generation
+from proxy.sim.engine import Engine
+from proxy.sim.errors import EngineHTTPError
+from proxy.sim.keys import SIM_ENGINE
+from proxy.sim.responses import dumps, json_response
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.textgen import Token, TokenStream, tokenize
+
+
+@dataclass(frozen=True)
+class GenSpec:
+    chat: bool
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    natural_stop: bool
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    stop: tuple[str, ...]
+
+
+def chat_prompt(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise errors.bad_request("'messages' must be a non-empty list", "messages")
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise errors.bad_request("each message must be an object", "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"<s>{message.get('role', 'user')}: {content or ''}</s>\n")
+    return "".join(parts) + "<s>assistant: "
+
+
+def _body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise errors.bad_request("Invalid JSON in request body") from None
+    if not isinstance(body, dict):
+        raise errors.bad_request("Request body must be a JSON object")
+    return body
+
+
+def _spec(engine: Engine, body: dict[str, Any], *, chat: bool) -> GenSpec:
+    model = body.get("model")
+    if model is not None and model != engine.settings.model:
+        raise EngineHTTPError(
+            404, errors.openai_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+        )
+    if chat:
+        prompt = chat_prompt(body.get("messages"))
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        want_logprobs = bool(body.get("logprobs"))
+        top = int(body.get("top_logprobs") or 0)
+        logprobs = max(top, 1) if want_logprobs else None
+    else:
+        prompt = _completion_prompt(body.get("prompt"))
+        limit = body.get("max_tokens", 16)
+        raw_logprobs = body.get("logprobs")
+        logprobs = None if raw_logprobs is None else int(raw_logprobs)
+    prompt_tokens = max(1, len(tokenize(prompt)))
+    room = engine.settings.max_model_len - prompt_tokens
+    if limit is not None and (not isinstance(limit, int) or limit < 1 or limit > room):
+        raise errors.bad_request(
+            f"This model's maximum context length is {engine.settings.max_model_len} tokens. However, you "
+            f"requested {prompt_tokens} input tokens and {limit} output tokens; max_tokens must be 1..{room}.",
+            "max_tokens",
+        )
+    stop = body.get("stop") or ()
+    stream_options = body.get("stream_options") or {}
+    return GenSpec(
+        chat=chat,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=room if limit is None else limit,
+        natural_stop=limit is None or (chat and not body.get("ignore_eos")),
+        stream=bool(body.get("stream")),
+        include_usage=bool(stream_options.get("include_usage")),
+        logprobs=logprobs,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+    )
+
+
+def _completion_prompt(prompt: Any) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+        return " ".join(str(t) for t in prompt)
+    if not isinstance(prompt, str):
+        raise errors.bad_request("'prompt' must be a string or a list of token ids (one prompt)", "prompt")
+    return prompt
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=True)
+
+
+async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    engine = request.app[SIM_ENGINE]
+    spec = _spec(engine, _body(await request.read()), chat=chat)
+    req = generation.new_request(
+        "chatcmpl" if chat else "cmpl",
+        prompt_tokens=spec.prompt_tokens,
+        max_tokens=spec.max_tokens,
+        external_id=request.headers.get("X-Request-Id"),
+        client_gone=lambda: request.transport is None or request.transport.is_closing(),
+    )
+    fired = await generation.admit(engine, req)
+    stream = TokenStream(engine.settings.seed, spec.prompt, top_logprobs=spec.logprobs or 0)
+    writer = _Shaper(engine.settings.model, req, spec)
+    tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+    async with contextlib.aclosing(tokens):
+        if not spec.stream:
+            async for token in tokens:
+                if writer.add(token):
+                    engine.scheduler.finish(req, "stop")
+                    break
+            return json_response(writer.whole())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        try:
+            async for token in tokens:
+                stopped = writer.add(token)
+                if stopped:
+                    engine.scheduler.finish(req, "stop")
+                if not response.prepared:
+                    await response.prepare(request)
+                    if chat:
+                        await _send(response, writer.chunk("", None, role=True))
+                last = req.produced >= req.max_tokens and not stopped
+                await _send(response, writer.chunk(writer.pending(), "length" if last else None, token))
+                if stopped:
+                    break
+            if not response.prepared:
+                await response.prepare(request)
+            if not (req.finish_reason == "length" and req.produced == req.max_tokens):
+                await _send(response, writer.chunk("", req.finish_reason))
+        except EngineHTTPError as exc:
+            if not response.prepared:
+                raise
+            await _send(response, exc.body)
+        except ConnectionError:
+            return response
+        if spec.include_usage:
+            await _send(response, writer.usage_chunk())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(f"data: {dumps(payload)}\n\n".encode())
+
+
+class _Shaper:
+    """Builds OpenAI-shaped chunks and the final body from the tokens seen so far."""
+
+    def __init__(self, model: str, req: SimRequest, spec: GenSpec) -> None:
+        self._model = model
+        self._req = req
+        self._spec = spec
+        self._created = int(time.time())
+        self.text = ""
+        self._sent = 0
+        self._tokens: list[Token] = []
+
+    def add(self, token: Token) -> bool:
+        """Append a token; True when a stop string completed (the text is cut before it)."""
+        self._tokens.append(token)
+        self.text += token.text
+        for stop in self._spec.stop:
+            at = self.text.find(stop)
+            if stop and at >= 0:
+                self.text = self.text[:at]
+                return True
+        return False
+
+    def pending(self) -> str:
+        delta = self.text[self._sent :]
+        self._sent = len(self.text)
+        return delta
+
+    def _usage(self) -> dict[str, Any]:
+        done = len(self._tokens)
+        prompt = self._spec.prompt_tokens
+        return {"prompt_tokens": prompt, "total_tokens": prompt + done, "completion_tokens": done}
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        if self._spec.logprobs is None:
+            return None
+        if self._spec.chat:
+            return {"content": [_chat_logprob(t) for t in tokens]}
+        return {
+            "tokens": [t.text for t in tokens],
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens],
+            "text_offset": list(range(len(tokens))),
+        }
+
+    def _envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self._spec.chat else "text_completion") + (
+            ".chunk" if chunk and self._spec.chat else ""
+        )
+        return {
+            "id": self._req.request_id,
+            "object": kind,
+            "created": self._created,
+            "model": self._model,
+            "choices": choices,
+        }
+
+    def chunk(self, text: str, finish: str | None, token: Token | None = None, *, role: bool = False) -> dict[str, Any]:
+        logprobs = self._logprobs([token]) if token is not None else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
+        if self._spec.chat:
+            choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text}
+        else:
+            choice["text"] = text
+        return self._envelope([choice], chunk=True)
+
+    def usage_chunk(self) -> dict[str, Any]:
+        body = self._envelope([], chunk=True)
+        body["usage"] = self._usage()
+        return body
+
+    def whole(self) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": self._logprobs(self._tokens),
+            "finish_reason": self._req.finish_reason,
+            "stop_reason": None,
+        }
+        if self._spec.chat:
+            choice["message"] = {"role": "assistant", "content": self.text, "tool_calls": []}
+        else:
+            choice["text"] = self.text
+        body = self._envelope([choice], chunk=False)
+        body["usage"] = self._usage()
+        return body
+
+
+def _chat_logprob(token: Token) -> dict[str, Any]:
+    return {
+        "token": token.text,
+        "logprob": token.logprob,
+        "bytes": list(token.text.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in token.top],
+    }
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
