@@ -111,9 +111,7 @@ def test_a_value_in_the_file_reaches_the_settings(tmp_path: Path) -> None:
         ("shutdown_grace_s: 30.0", "shutdown_grace_s: 30.0\nshutdown_grace: 5", "shutdown_grace"),
     ],
 )
-def test_a_bad_value_in_the_file_fails_naming_the_field(
-    tmp_path: Path, replace: str, by: str, field: str
-) -> None:
+def test_a_bad_value_in_the_file_fails_naming_the_field(tmp_path: Path, replace: str, by: str, field: str) -> None:
     text = CONFIG.read_text()
     assert replace in text, f"fixture out of date: {replace!r} is not in config/lifeguard.yaml"
     bad = tmp_path / "bad.yaml"

@@ -1,0 +1,38 @@
+# vllm-lifeguard: the sidecar proxy image. Runs next to an unmodified vLLM container (see deploy/k8s/).
+#   docker build -t vllm-lifeguard:0.1.0 .
+#   docker run --rm -p 8080:8080 -e LIFEGUARD_UPSTREAM=http://vllm:8000 vllm-lifeguard:0.1.0
+# Settings come from LIFEGUARD_* env vars (config/lifeguard.yaml lists them all).
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---- builder: install the package and its wheels into a self-contained venv
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+RUN python -m venv /opt/lifeguard
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+# Every runtime dependency ships manylinux wheels for CPython 3.11, so no compiler is needed even here.
+RUN /opt/lifeguard/bin/pip install --no-cache-dir --only-binary=:all: --no-binary=vllm-lifeguard . \
+ && /opt/lifeguard/bin/pip uninstall --yes pip setuptools \
+ && /opt/lifeguard/bin/vllm-lifeguard --help >/dev/null
+
+# ---- final: the same base, the venv only, a non-root user
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 lifeguard \
+ && useradd --system --uid 10001 --gid lifeguard --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin lifeguard
+COPY --from=builder /opt/lifeguard /opt/lifeguard
+ENV PATH=/opt/lifeguard/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    LIFEGUARD_HOST=0.0.0.0 \
+    LIFEGUARD_PORT=8080
+USER 10001:10001
+EXPOSE 8080
+# Liveness only: the proxy's own loop answers, whatever vLLM is doing (python, because slim has no curl).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/lifeguard/healthz' % os.environ.get('LIFEGUARD_PORT', '8080'), timeout=2)"]
+ENTRYPOINT ["vllm-lifeguard"]
+CMD ["serve"]

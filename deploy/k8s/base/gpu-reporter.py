@@ -1,0 +1,91 @@
+"""Write the memory of this container's GPUs to a JSON file, for vllm-lifeguard's `file:` GPU probe.
+
+Runs in the background inside the vLLM container, which is the only container of the pod that holds
+the GPUs (the sidecar asks for none). NVML there sees exactly the GPUs the device plugin gave vLLM.
+Standard library plus `pynvml` (nvidia-ml-py, already a vLLM dependency); never disturbs vLLM: on
+any NVML failure it removes the file (the sidecar then reports the probe "unavailable") and retries.
+
+    python3 gpu-reporter.py /run/lifeguard/gpu.json [--interval 0.2] [--once]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def snapshot(nvml: Any) -> dict[str, Any]:
+    devices = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        devices.append(
+            {
+                "index": index,
+                "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                "used_bytes": int(memory.used),
+                "total_bytes": int(memory.total),
+            }
+        )
+    return {
+        "used_bytes": sum(device["used_bytes"] for device in devices),
+        "total_bytes": sum(device["total_bytes"] for device in devices),
+        "devices": devices,
+        "updated_at": time.time(),
+    }
+
+
+def write_atomically(path: str, data: dict[str, Any]) -> None:
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--once", action="store_true")
+    args = parser.parse_args(argv)
+    remove(args.path)  # never leave a previous run's numbers behind
+    try:
+        import pynvml as nvml
+    except ImportError:
+        print("gpu-reporter: pynvml not installed; no GPU memory for the sidecar", file=sys.stderr)
+        return 1
+    initialised = False
+    while True:
+        try:
+            if not initialised:
+                nvml.nvmlInit()
+                initialised = True
+            write_atomically(args.path, snapshot(nvml))
+        except nvml.NVMLError as error:
+            remove(args.path)
+            print(f"gpu-reporter: NVML error: {error}", file=sys.stderr)
+            initialised = False
+            if args.once:
+                return 1
+            time.sleep(5)
+            continue
+        if args.once:
+            return 0
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

