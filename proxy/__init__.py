@@ -1,2 +1,3 @@
 """vllm-lifeguard."""
+
 __version__ = "0.1.0"

@@ -24,9 +24,7 @@ OnSleeping = Literal["hold", "reject", "wake"]
 class Settings(BaseSettings):
     """Everything the proxy can be told. Validated once; immutable afterwards."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="LIFEGUARD_", frozen=True, extra="forbid", validate_default=True
-    )
+    model_config = SettingsConfigDict(env_prefix="LIFEGUARD_", frozen=True, extra="forbid", validate_default=True)
 
     # --- where we listen and what we guard
     upstream: str | None = Field(
@@ -59,7 +57,7 @@ class Settings(BaseSettings):
     gpu_devices: tuple[str, ...] = ()
     sleep_min_freed_fraction: float = Field(default=0.5, ge=0, le=1)
     wake_min_restored_fraction: float = Field(default=0.9, ge=0, le=1)
-    weights_wake_tolerance_fraction: float = Field(default=0.5, ge=0, le=1)
+    weights_wake_min_fraction: float = Field(default=0.05, ge=0, le=1)
     canary_enabled: bool = True
     canary_prompt: str = "The capital of France is"
     canary_timeout_s: float = Field(default=30.0, gt=0)
@@ -102,7 +100,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _hold_fits_in_queue_wait(self) -> Settings:
+    def _admin_token_not_empty(self) -> Settings:
         if self.admin_token is not None and not self.admin_token.get_secret_value():
             raise ValueError("admin_token is set but empty")
         return self

@@ -149,9 +149,7 @@ class Metrics:
             ["from_state", "to_state"],
             registry=registry,
         )
-        pairs = (
-            edges if edges is not None else ((a, b) for a, b in itertools.product(states, states) if a != b)
-        )
+        pairs = edges if edges is not None else ((a, b) for a, b in itertools.product(states, states) if a != b)
         self._transitions_parent = transitions
         self._transitions = {(a, b): transitions.labels(a, b) for a, b in pairs}
         self._state_names = frozenset(states)
@@ -205,8 +203,7 @@ class Metrics:
         )
         self._upstream_latency = Histogram(
             "lifeguard_upstream_response_latency_seconds",
-            "Time from sending a request to vLLM to receiving its response headers, observed per "
-            "forwarded request.",
+            "Time from sending a request to vLLM to receiving its response headers, observed per forwarded request.",
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
@@ -228,8 +225,7 @@ class Metrics:
             registry=registry,
         )
         self._checks = {
-            (check, result): checks.labels(check, result)
-            for check, result in itertools.product(CHECKS, CHECK_RESULTS)
+            (check, result): checks.labels(check, result) for check, result in itertools.product(CHECKS, CHECK_RESULTS)
         }
         lies = Counter(
             "lifeguard_lies_caught",
@@ -238,9 +234,7 @@ class Metrics:
             ["operation", "check"],
             registry=registry,
         )
-        self._lies = {
-            (op, check): lies.labels(op, check) for op, check in itertools.product(operations, CHECKS)
-        }
+        self._lies = {(op, check): lies.labels(op, check) for op, check in itertools.product(operations, CHECKS)}
         self._drift = Counter(
             "lifeguard_drift_events",
             "Times reconciliation found vLLM's real state differing from the proxy's, counted when "

@@ -1,0 +1,147 @@
+"""`create_app`: builds one proxy instance (no globals) and wires its parts together.
+
+Shutdown order (aiohttp's runner): the listening socket closes, `on_shutdown` answers every held
+request 503 `shutting_down` at once, in-flight requests and streams get the runner's grace period,
+then the background loop stops and the upstream session closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from . import __version__
+from .config import Settings
+from .coordinator import LifecycleCoordinator
+from .forward import Forwarder
+from .gate import RequestGate
+from .gpu import GpuMemoryReader, make_reader
+from .handlers import (
+    COORDINATOR,
+    FORWARDER,
+    GATE,
+    METRICS,
+    SETTINGS,
+    SHUTTING_DOWN,
+    error_middleware,
+    healthz,
+    proxy,
+    readyz,
+    state,
+)
+from .metrics import Metrics
+from .probes import Verifier
+from .reconcile import reconcile_loop
+from .routes import LIFECYCLE_PATHS
+from .states import TRANSITIONS, State
+from .tasks import spawn
+from .upstream import VllmClient
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    gpu: GpuMemoryReader | None = None,
+) -> web.Application:
+    """The proxy as an aiohttp application; `settings.upstream` must be set."""
+    if settings.upstream is None:
+        raise ValueError("create_app needs settings.upstream (the CLI starts the simulator when it is unset)")
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    metrics = Metrics(
+        registry if registry is not None else CollectorRegistry(),
+        version=__version__,
+        states=[s.value for s in State],
+        operations=sorted(set(LIFECYCLE_PATHS.values())),
+        edges=_edges(),
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    app[SHUTTING_DOWN] = []
+    app.cleanup_ctx.append(
+        _engine_context(settings, metrics, gpu or make_reader(settings.gpu_probe, settings.gpu_devices))
+    )
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_get("/lifeguard/state", state)
+    app.router.add_get("/lifeguard/healthz", healthz)
+    app.router.add_get("/lifeguard/readyz", readyz)
+    app.router.add_get("/lifeguard/metrics", metrics.handler())
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+def _edges() -> list[tuple[str, str]]:
+    edges = set()
+    for t in TRANSITIONS:
+        sources = t["source"] if isinstance(t["source"], list) else [t["source"]]
+        for src in sources:
+            if src is not t["dest"]:
+                edges.add((src.value, t["dest"].value))
+    return sorted(edges)
+
+
+def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):  # type: ignore[no-untyped-def]
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        assert settings.upstream is not None
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=settings.upstream_keepalive_s),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
+            auto_decompress=False,
+        )
+        client = VllmClient(session, settings.upstream, control_timeout_s=settings.control_call_timeout_s)
+        verifier = Verifier(
+            client,
+            gpu,
+            settings,
+            on_check=metrics.verification,
+            on_memory=lambda reading: _report_memory(metrics, reading),
+        )
+        coordinator_box: list[LifecycleCoordinator] = []
+        gate = RequestGate(
+            max_held=settings.max_held_requests,
+            hold_timeout_s=settings.hold_timeout_s,
+            on_hold_ended=metrics.hold_finished,
+            on_counts=lambda held, inflight: _report_counts(metrics, held, inflight),
+            on_held_while_sleeping=lambda: _wake_on_request(settings, coordinator_box),
+        )
+        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics)
+        coordinator_box.append(coordinator)
+        app[GATE] = gate
+        app[COORDINATOR] = coordinator
+        app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
+        stop = asyncio.Event()
+        loop_task = spawn(reconcile_loop(coordinator, settings.reconcile_interval_s, stop), name="reconcile")
+        yield
+        stop.set()
+        await loop_task
+        await session.close()
+
+    return context
+
+
+def _wake_on_request(settings: Settings, box: list[LifecycleCoordinator]) -> None:
+    if settings.on_sleeping == "wake" and box:
+        box[0].wake_on_request()
+
+
+def _report_counts(metrics: Metrics, held: int, inflight: int) -> None:
+    metrics.held_now(held)
+    metrics.inflight_now(inflight)
+
+
+def _report_memory(metrics: Metrics, reading: object) -> None:
+    from .gpu import GpuReading
+
+    assert isinstance(reading, GpuReading)
+    metrics.gpu_probe_available(reading.available)
+    for device in reading.devices:
+        metrics.gpu_memory(device.gpu, device.used_bytes, device.total_bytes)
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    app[SHUTTING_DOWN].append(True)
+    app[COORDINATOR].close()

@@ -1,0 +1,124 @@
+"""`vllm-lifeguard serve` (the proxy) and `vllm-lifeguard sim` (the simulator).
+
+`serve` with no upstream starts the embedded simulator on a free loopback port and guards it, so
+`make run` shows the whole product on a machine without vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from . import __version__
+from .app import create_app
+from .config import Settings, load_settings
+from .logs import configure_logging
+
+log = logging.getLogger("lifeguard")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-lifeguard", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"vllm-lifeguard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the guarding proxy in front of vLLM")
+    serve.add_argument("--config", help="YAML settings file (see config/lifeguard.yaml); env LIFEGUARD_CONFIG")
+    serve.add_argument("--upstream", help="vLLM base URL, e.g. http://127.0.0.1:8000 (unset: embedded simulator)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8080)")
+    serve.add_argument("--gpu-probe", help="nvml | file:PATH | none (default nvml)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["text", "json"])
+    serve.add_argument(
+        "--on-sleeping", choices=["hold", "reject", "wake"], help="what a request to a sleeping engine gets"
+    )
+    serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
+    sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["sim"]:
+        from .sim.cli import main as sim_main
+
+        return sim_main(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    import os
+
+    overrides = {
+        "upstream": args.upstream,
+        "host": args.host,
+        "port": args.port,
+        "gpu_probe": args.gpu_probe,
+        "log_level": args.log_level,
+        "log_format": args.log_format,
+        "on_sleeping": args.on_sleeping,
+        "canary_enabled": False if args.no_canary else None,
+    }
+    try:
+        settings = load_settings(args.config or os.environ.get("LIFEGUARD_CONFIG"), **overrides)
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"vllm-lifeguard: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    # transitions logs every callback at INFO; aiohttp's access log doubles every line we log ourselves.
+    logging.getLogger("transitions").setLevel(logging.WARNING)
+    if settings.log_level != "debug":
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then shut down gracefully (held requests 503, streams get a grace period)."""
+    runners: list[web.AppRunner] = []
+    if settings.upstream is None:
+        from .sim.app import SimSettings, create_sim_app
+
+        sim_runner = web.AppRunner(create_sim_app(SimSettings()), handle_signals=False)
+        await sim_runner.setup()
+        site = web.TCPSite(sim_runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(sim_runner)
+        port = sim_runner.addresses[0][1]
+        settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
+        log.info("no upstream given: started the embedded vLLM simulator at %s", settings.upstream)
+    runner = web.AppRunner(
+        create_app(settings),
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace_s,
+    )
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    runners.insert(0, runner)
+    log.info(
+        "vllm-lifeguard %s listening on http://%s:%s, guarding %s",
+        __version__,
+        settings.host,
+        runner.addresses[0][1] if runner.addresses else settings.port,
+        settings.upstream,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", extra={"event": "shutdown"})
+    for r in runners:
+        await r.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The single exception tree. Each class carries its HTTP status, reason code and Retry-After.
+
+`handlers.render_error` is the one place that turns these into responses; nothing here knows HTTP
+libraries. Messages are for people; `reason` is the stable machine-readable code (also sent as the
+`X-Lifeguard-Reason` header and used as a metric label, so the set is closed).
+"""
+
+from __future__ import annotations
+
+
+class LifeguardError(Exception):
+    """Base of every error the proxy answers itself."""
+
+    status = 503
+    reason = "proxy_error"
+    error_type = "ServiceUnavailableError"
+    retry_after: float | None = 1.0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if retry_after is not None:
+            self.retry_after = retry_after
+        if reason is not None:
+            self.reason = reason
+
+
+class BadParameter(LifeguardError):
+    status = 400
+    reason = "bad_parameter"
+    error_type = "BadRequestError"
+    retry_after = None
+
+
+class BodyTooLarge(LifeguardError):
+    status = 413
+    reason = "body_too_large"
+    error_type = "BadRequestError"
+    retry_after = None
+
+
+class Unauthorized(LifeguardError):
+    status = 401
+    reason = "unauthorized"
+    error_type = "AuthenticationError"
+    retry_after = None
+
+
+class Forbidden(LifeguardError):
+    status = 403
+    reason = "forbidden"
+    error_type = "PermissionDeniedError"
+    retry_after = None
+
+
+class InvalidTransition(LifeguardError):
+    """The call is not allowed from the state the engine is in (409)."""
+
+    status = 409
+    reason = "invalid_transition"
+    error_type = "ConflictError"
+    retry_after = None
+
+
+class LifecycleBusy(LifeguardError):
+    status = 409
+    reason = "lifecycle_busy"
+    error_type = "ConflictError"
+    retry_after = 5.0
+
+
+class HoldTimeout(LifeguardError):
+    reason = "hold_timeout"
+
+
+class HoldQueueFull(LifeguardError):
+    reason = "hold_queue_full"
+
+
+class ShuttingDown(LifeguardError):
+    reason = "shutting_down"
+
+
+class EngineUnavailable(LifeguardError):
+    reason = "engine_unavailable"
+    retry_after = 5.0
+
+
+class EngineSleeping(LifeguardError):
+    reason = "engine_sleeping"
+    retry_after = 5.0
+
+
+class UpstreamError(LifeguardError):
+    """vLLM failed, or could not be reached, while we called it."""
+
+    reason = "upstream_error"
+
+
+class UpstreamUnreachable(UpstreamError):
+    reason = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError, TimeoutError):
+    reason = "upstream_timeout"
+
+
+class UpstreamBadStatus(UpstreamError):
+    """vLLM answered a lifecycle call with a non-2xx status; its message is kept."""
+
+    reason = "upstream_error"
+
+    def __init__(self, message: str, *, upstream_status: int, upstream_body: str) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
+        self.upstream_body = upstream_body
+
+
+class VerificationFailed(LifeguardError):
+    """vLLM said 200, but the engine did not reach the state the call promised (a "200 lie")."""
+
+    reason = "verification_failed"
+
+    def __init__(self, message: str, *, check: str) -> None:
+        super().__init__(message)
+        self.check = check

@@ -1,0 +1,118 @@
+"""The data plane: one request to vLLM and its answer back, byte for byte.
+
+Headers are copied minus hop-by-hop ones (RFC 9110 §7.6.1, plus those named in `Connection`); nothing
+is added upstream (no `X-Forwarded-For`: TRL reads it as the NCCL host). Bodies with a length are
+answered with the same length (SkyRL reads a body only when `Content-Length` is set); streams are
+relayed chunk by chunk as they arrive, with the client's back-pressure (`write` awaits the drain).
+Leaving the upstream `async with` before the body is complete closes that connection, which is what
+makes vLLM abort the generation when our client goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .errors import UpstreamUnreachable
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """A copy of `headers` without hop-by-hop ones, nor the ones listed in `Connection`."""
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    named = {
+        token.strip().lower() for name, value in items if name.lower() == "connection" for token in value.split(",")
+    }
+    return CIMultiDict((name, value) for name, value in items if name.lower() not in HOP_BY_HOP | named)
+
+
+def sse_error_event(message: str) -> bytes:
+    payload = {"error": {"message": message, "type": "ServiceUnavailableError", "param": None, "code": 503}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class Forwarder:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, on_latency: object = None) -> None:
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._on_latency = on_latency if callable(on_latency) else None
+
+    async def forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        *,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> web.StreamResponse:
+        """Send `request` (with its already-read `body`) to vLLM and relay the answer."""
+        url = self._base + request.raw_path
+        headers = end_to_end(request.headers.items())
+        started = time.monotonic()
+        try:
+            upstream_cm = self._session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=body if body or request.method not in ("GET", "HEAD") else None,
+                allow_redirects=False,
+                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"),
+            )
+            async with upstream_cm as upstream:
+                if self._on_latency is not None:
+                    self._on_latency(time.monotonic() - started)
+                return await self._relay(request, upstream, extra_headers)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise UpstreamUnreachable(f"vLLM could not be reached: {exc}") from exc
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        extra_headers: Mapping[str, str] | None,
+    ) -> web.StreamResponse:
+        headers = end_to_end(upstream.headers.items())
+        if extra_headers:
+            headers.update(extra_headers)
+        is_stream = upstream.content_length is None or "text/event-stream" in (upstream.content_type or "")
+        if not is_stream:
+            payload = await upstream.read()
+            return web.Response(status=upstream.status, reason=upstream.reason, body=payload, headers=headers)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        await response.prepare(request)
+        broke: str | None = None
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                broke = f"the upstream stream broke: {exc!r}"
+                break
+            if not chunk:
+                break
+            await response.write(chunk)
+        if broke is not None:
+            if "text/event-stream" in (upstream.content_type or ""):
+                await response.write(sse_error_event(broke))
+            request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
+            request["stream_broken"] = True
+        await response.write_eof()
+        return response

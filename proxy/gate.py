@@ -1,0 +1,176 @@
+"""`RequestGate`: admission of inference requests, the bounded hold queue, and in-flight counting.
+
+The coordinator tells the gate what to do (`set_admission`) after every state change; the gate never
+looks at the machine itself. The fast path (engine RUNNING) is one comparison and a counter, no lock:
+asyncio runs one callback at a time, so the admission read and the in-flight increment are atomic.
+
+Every held request ends exactly one way: released (forwarded), client gone (the handler was
+cancelled), its deadline (`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a
+request already held when the engine fails keeps waiting until its deadline, because the engine may
+come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+
+from .errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, LifeguardError, ShuttingDown
+from .rules import Admission
+
+
+class Ticket:
+    """Proof of admission; `done()` must be called once the upstream exchange has ended."""
+
+    __slots__ = ("_gate", "_done", "held_s")
+
+    def __init__(self, gate: RequestGate, held_s: float) -> None:
+        self._gate = gate
+        self._done = False
+        self.held_s = held_s
+
+    def done(self) -> None:
+        if not self._done:
+            self._done = True
+            self._gate._finished()
+
+
+class RequestGate:
+    def __init__(
+        self,
+        *,
+        max_held: int,
+        hold_timeout_s: float,
+        on_hold_ended: Callable[[str, float], None] = lambda outcome, seconds: None,
+        on_counts: Callable[[int, int], None] = lambda held, inflight: None,
+        on_held_while_sleeping: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._max_held = max_held
+        self._hold_timeout_s = hold_timeout_s
+        self._on_hold_ended = on_hold_ended
+        self._on_counts = on_counts
+        self._on_held_while_sleeping = on_held_while_sleeping
+        self._admission = Admission.HOLD
+        self._sleeping = False
+        self._held: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed: LifeguardError | None = None
+        self.last_activity = time.monotonic()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def admission(self) -> Admission:
+        return self._admission
+
+    def set_admission(self, admission: Admission, *, sleeping: bool = False) -> None:
+        """Told by the coordinator after each change; FORWARD releases every held request in arrival order."""
+        self._admission = admission
+        self._sleeping = sleeping
+        if admission is Admission.FORWARD:
+            while self._held:
+                waiter = self._held.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._counts()
+        elif admission is Admission.REJECT_SLEEPING:
+            self._fail_held(EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps"))
+
+    async def admit(self) -> Ticket:
+        """Wait until the request may be forwarded; raises a LifeguardError for every other ending."""
+        self.last_activity = time.monotonic()
+        if self._admission is Admission.FORWARD and self._closed is None:
+            return self._admitted(0.0)
+        if self._closed is not None:
+            raise self._closed
+        if self._admission is Admission.REJECT_FAILED:
+            self._on_hold_ended("engine_unavailable", 0.0)
+            raise EngineUnavailable("the engine has failed; the proxy refuses new requests until it is back")
+        if self._admission is Admission.REJECT_SLEEPING:
+            raise EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps")
+        if len(self._held) >= self._max_held:
+            self._on_hold_ended("hold_queue_full", 0.0)
+            raise HoldQueueFull(f"{len(self._held)} requests are already held; the limit is {self._max_held}")
+        return await self._hold()
+
+    async def _hold(self) -> Ticket:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._held.append(waiter)
+        self._counts()
+        if self._sleeping:
+            self._on_held_while_sleeping()
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._hold_timeout_s):
+                await waiter
+        except TimeoutError:
+            self._forget(waiter)
+            self._on_hold_ended("hold_timeout", time.monotonic() - started)
+            raise HoldTimeout(
+                f"held {self._hold_timeout_s:g} s while the engine was not ready; giving up", retry_after=5.0
+            ) from None
+        except asyncio.CancelledError:
+            # The client left (aiohttp cancels the handler); a release in the same tick is simply unused.
+            self._forget(waiter)
+            self._on_hold_ended("client_gone", time.monotonic() - started)
+            raise
+        except LifeguardError as exc:
+            self._on_hold_ended(exc.reason, time.monotonic() - started)
+            raise
+        held_s = time.monotonic() - started
+        self._on_hold_ended("forwarded", held_s)
+        return self._admitted(held_s)
+
+    def _admitted(self, held_s: float) -> Ticket:
+        self._inflight += 1
+        self._idle.clear()
+        self._counts()
+        return Ticket(self, held_s)
+
+    def _finished(self) -> None:
+        self._inflight -= 1
+        self.last_activity = time.monotonic()
+        if self._inflight == 0:
+            self._idle.set()
+        self._counts()
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        try:
+            self._held.remove(waiter)
+        except ValueError:
+            pass
+        self._counts()
+
+    def _fail_held(self, error: LifeguardError) -> None:
+        while self._held:
+            waiter = self._held.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._counts()
+
+    def _counts(self) -> None:
+        self._on_counts(len(self._held), self._inflight)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is in flight, at most `timeout_s`; returns whether it became idle."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Shutdown: held requests are answered 503 at once; in-flight ones run on."""
+        self._closed = ShuttingDown("the proxy is shutting down")
+        self._fail_held(self._closed)

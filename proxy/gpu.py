@@ -1,0 +1,133 @@
+"""Reading the engine's GPU memory: NVML, the simulator's memory file, or nothing.
+
+NVML calls are blocking C calls, so they run in a worker thread; the library is initialised on first
+use. No GPU, no driver or no NVML library is not an error: the reading is "unavailable" with a reason,
+and verification reports the physical check as unavailable instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    gpu: str
+    used_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One read of every watched GPU; `devices` is empty and `unavailable` says why when it failed."""
+
+    devices: tuple[DeviceMemory, ...] = ()
+    unavailable: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(d.used_bytes for d in self.devices)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.total_bytes for d in self.devices)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "available": self.available,
+            "unavailable_reason": self.unavailable,
+            "used_bytes": self.used_bytes,
+            "total_bytes": self.total_bytes,
+            "devices": [d.__dict__ for d in self.devices],
+        }
+
+
+class GpuMemoryReader(Protocol):
+    async def read(self) -> GpuReading: ...
+
+
+class NoGpuReader:
+    async def read(self) -> GpuReading:
+        return GpuReading(unavailable="gpu probe disabled (--gpu-probe none)")
+
+
+class FileReader:
+    """Reads the simulator's `--gpu-file` (`{"used_bytes", "total_bytes", "devices"}`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+
+    async def read(self) -> GpuReading:
+        try:
+            payload = json.loads(await asyncio.to_thread(self._path.read_text))
+            devices = tuple(
+                DeviceMemory(str(d.get("uuid", d.get("index"))), int(d["used_bytes"]), int(d["total_bytes"]))
+                for d in payload.get("devices", [])
+            ) or (DeviceMemory("0", int(payload["used_bytes"]), int(payload["total_bytes"])),)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return GpuReading(unavailable=f"cannot read {self._path}: {exc}")
+        return GpuReading(devices=devices)
+
+
+@dataclass
+class NvmlReader:
+    """NVML through `nvidia-ml-py` (module `pynvml`). `devices`: indices or UUIDs; empty = all visible."""
+
+    devices: tuple[str, ...] = ()
+    _handles: list[tuple[str, Any]] | None = field(default=None, init=False, repr=False)
+    _failed: str | None = field(default=None, init=False, repr=False)
+
+    async def read(self) -> GpuReading:
+        return await asyncio.to_thread(self._read_blocking)
+
+    def _read_blocking(self) -> GpuReading:
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - a dependency of the package
+            return GpuReading(unavailable=f"nvidia-ml-py is not installed: {exc}")
+        if self._failed is not None:
+            return GpuReading(unavailable=self._failed)
+        try:
+            if self._handles is None:
+                pynvml.nvmlInit()
+                self._handles = self._resolve(pynvml)
+            devices = []
+            for name, handle in self._handles:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                devices.append(DeviceMemory(name, int(info.used), int(info.total)))
+        except pynvml.NVMLError as exc:
+            reason = f"NVML: {exc}"
+            if isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)):
+                self._failed = reason  # will not appear later in this process; stop retrying
+            else:
+                self._handles = None  # e.g. GPU lost: re-resolve next time
+            return GpuReading(unavailable=reason)
+        return GpuReading(devices=tuple(devices))
+
+    def _resolve(self, pynvml: Any) -> list[tuple[str, Any]]:
+        if not self.devices:
+            return [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = []
+        for ident in self.devices:
+            if ident.isdigit():
+                handles.append((ident, pynvml.nvmlDeviceGetHandleByIndex(int(ident))))
+            else:
+                handles.append((ident, pynvml.nvmlDeviceGetHandleByUUID(ident)))
+        return handles
+
+
+def make_reader(probe: str, devices: tuple[str, ...] = ()) -> GpuMemoryReader:
+    """`nvml`, `file:PATH` or `none`, as validated by Settings."""
+    if probe == "none":
+        return NoGpuReader()
+    if probe.startswith("file:"):
+        return FileReader(probe[len("file:") :])
+    return NvmlReader(devices)

@@ -1,0 +1,174 @@
+"""aiohttp handlers: HTTP in, coordinator / gate / forwarder calls out, and the one error renderer.
+
+Nothing here decides lifecycle questions. Errors the proxy makes itself always have vLLM's
+OpenAI-style body, an `X-Lifeguard-Reason` header and, on 503, `Retry-After`; the proxy never answers
+500 (an unexpected bug is logged and answered 503 `proxy_error`). Once a response has started
+streaming, an error can only end the stream, never change its status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .calls import parse_call
+from .config import Settings
+from .coordinator import LifecycleCoordinator
+from .errors import BodyTooLarge, EngineUnavailable, Forbidden, LifeguardError, Unauthorized, UpstreamError
+from .forward import Forwarder
+from .gate import RequestGate
+from .metrics import Metrics
+from .routes import LIFECYCLE_PATHS, RouteKind, classify, normalise
+from .states import State
+
+log = logging.getLogger("lifeguard.http")
+
+SETTINGS = web.AppKey("settings", Settings)
+COORDINATOR = web.AppKey("coordinator", LifecycleCoordinator)
+GATE = web.AppKey("gate", RequestGate)
+FORWARDER = web.AppKey("forwarder", Forwarder)
+METRICS = web.AppKey("metrics", Metrics)
+SHUTTING_DOWN = web.AppKey("shutting_down", list)
+
+
+def render_error(error: LifeguardError) -> web.Response:
+    body = {
+        "error": {
+            "message": error.message,
+            "type": error.error_type,
+            "param": error.param,
+            "code": error.status,
+            "reason": error.reason,
+            "src": "lifeguard",
+        }
+    }
+    headers = {"X-Lifeguard-Reason": error.reason}
+    if error.status == 503 or error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after or 1)))
+    return web.json_response(body, status=error.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except LifeguardError as exc:
+        return render_error(exc)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_body_bytes
+        return render_error(BodyTooLarge(f"the request body exceeds the limit of {limit} bytes"))
+    except web.HTTPException as exc:
+        if exc.status < 500:
+            raise
+        return render_error(LifeguardError(f"{exc.status} {exc.reason}"))
+    except (ConnectionResetError, OSError) as exc:
+        log.debug("client connection lost: %r", exc)
+        raise
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return render_error(LifeguardError("the proxy hit an unexpected error; see its log", reason="proxy_error"))
+
+
+async def state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[COORDINATOR].snapshot())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready while we can serve or hold: a sleeping engine keeps the pod ready; a failed, never-started
+    or shutting-down one does not."""
+    current = request.app[COORDINATOR].state
+    ready = current not in (State.FAILED, State.STARTING) and not request.app[SHUTTING_DOWN]
+    return web.json_response({"ready": ready, "state": current.value}, status=200 if ready else 503)
+
+
+def _check_admin(request: web.Request, settings: Settings) -> None:
+    if settings.admin_token is None:
+        return
+    expected = settings.admin_token.get_secret_value().encode()
+    offered = request.headers.get("X-Lifeguard-Token")
+    if offered is None:
+        auth = request.headers.get("Authorization", "")
+        offered = auth[7:] if auth[:7].lower() == "bearer " else None
+    if offered is None:
+        raise Unauthorized("this lifecycle route needs the admin token (Authorization: Bearer or X-Lifeguard-Token)")
+    if not hmac.compare_digest(offered.encode(), expected):
+        raise Forbidden("the admin token is wrong")
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    """Every path not under /lifeguard/: classified once, then guarded or forwarded."""
+    app = request.app
+    kind = classify(request.method, request.path)
+    started = time.monotonic()
+    try:
+        if kind is RouteKind.LIFECYCLE:
+            return await _lifecycle(request, LIFECYCLE_PATHS[normalise(request.path)])
+        body = await request.read()
+        if kind is RouteKind.INFERENCE:
+            return await _inference(request, body)
+        if kind is RouteKind.AT_ONCE:
+            _check_admin(request, app[SETTINGS])
+            if app[COORDINATOR].state is State.FAILED:
+                raise EngineUnavailable("the engine has failed; control calls are refused until it is back")
+        return await app[FORWARDER].forward(request, body)
+    finally:
+        route_class = "inference" if kind is RouteKind.INFERENCE else "lifecycle"
+        if kind in (RouteKind.NEVER_GATED, RouteKind.AT_ONCE):
+            route_class = "passthrough"
+        app[METRICS].request_duration(route_class, time.monotonic() - started)
+
+
+async def _lifecycle(request: web.Request, op: str) -> web.Response:
+    app = request.app
+    body = await request.read()
+    call = parse_call(op, request.query.items(), body)
+    _check_admin(request, app[SETTINGS])
+    result = await app[COORDINATOR].submit(call)
+    response = web.Response(status=result.status, body=result.body, headers=result.headers)
+    if result.content_type:
+        response.headers["Content-Type"] = result.content_type
+    return response
+
+
+async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
+    app = request.app
+    metrics = app[METRICS]
+    outcome = "forwarded"
+    try:
+        ticket = await app[GATE].admit()
+    except LifeguardError as exc:
+        metrics.inference_finished(exc.reason if exc.reason in _GATE_OUTCOMES else "engine_unavailable")
+        raise
+    except BaseException:
+        metrics.inference_finished("client_gone")
+        raise
+    try:
+        extra = _STALE_HEADER if app[COORDINATOR].weights_stale else None
+        response = await app[FORWARDER].forward(request, body, extra_headers=extra)
+        if request.get("stream_broken"):
+            outcome = "stream_broken"
+        return response
+    except UpstreamError:
+        outcome = "upstream_unreachable"
+        raise
+    except BaseException:
+        outcome = "client_gone"
+        raise
+    finally:
+        ticket.done()
+        metrics.inference_finished(outcome)
+
+
+_GATE_OUTCOMES = frozenset(
+    {"hold_timeout", "hold_queue_full", "shutting_down", "engine_unavailable", "engine_sleeping"}
+)
+_STALE_HEADER = {"X-Lifeguard-Weights-Stale": "true"}

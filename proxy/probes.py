@@ -1,0 +1,251 @@
+"""`Verifier`: after vLLM answers a lifecycle call 200, check that the engine really got there.
+
+A 200 only proves that the endpoint returned (vLLM RFC #48310). Three kinds of check, each with its own
+deadline and poll interval:
+* flags - `/health`, `/is_sleeping`, `/is_paused` agree with the expected state. `/is_sleeping` is also
+  true while merely paused and after a partial wake; `/health` stays 200 while asleep;
+* memory - the GPUs' used memory moved as the operation promises (sleep without `--enable-sleep-mode`
+  returns 200 and frees nothing: only NVML sees it);
+* canary - a one-token greedy completion with logprobs is finite, not degenerate, and matches the
+  golden answer recorded while the engine was known good (catches unzeroed pages after a wake, #44972).
+The verifier reports; the coordinator decides what state that means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Settings
+from .errors import UpstreamError
+from .gpu import GpuMemoryReader, GpuReading
+from .upstream import Observation, VllmClient
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The state an operation promises. `memory`: "freed", "restored", "weights_restored" or None."""
+
+    sleeping: bool
+    paused: bool | None = None
+    memory: str | None = None
+    canary: bool = False
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: str  # pass | fail | unavailable
+    detail: str
+    value: Any = None
+
+
+@dataclass
+class Verdict:
+    checks: list[Check] = field(default_factory=list)
+    observation: Observation | None = None
+    memory: GpuReading | None = None
+    at: float = field(default_factory=time.time)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> Check | None:
+        return next((c for c in self.checks if c.result == "fail"), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.failed is None,
+            "at": self.at,
+            "seconds": round(self.seconds, 4),
+            "checks": [c.__dict__ for c in self.checks],
+        }
+
+
+@dataclass(frozen=True)
+class CanaryAnswer:
+    text: str
+    logprob: float
+
+
+class Verifier:
+    def __init__(
+        self,
+        client: VllmClient,
+        gpu: GpuMemoryReader,
+        settings: Settings,
+        *,
+        on_check: Callable[[str, str], None] = lambda check, result: None,
+        on_memory: Callable[[GpuReading], None] = lambda reading: None,
+    ) -> None:
+        self._client = client
+        self._gpu = gpu
+        self._settings = settings
+        self._on_check = on_check
+        self._on_memory = on_memory
+        self.awake_footprint: int | None = None
+        self.golden: CanaryAnswer | None = None
+        self.last: Verdict | None = None
+        self.last_memory: GpuReading | None = None
+        self._model: str | None = None
+
+    async def read_memory(self) -> GpuReading:
+        reading = await self._gpu.read()
+        self.last_memory = reading
+        self._on_memory(reading)
+        return reading
+
+    async def verify(self, expect: Expectation, *, memory_before: GpuReading | None) -> Verdict:
+        started = time.monotonic()
+        verdict = Verdict()
+        flags = await self._check_flags(expect, verdict)
+        if flags.result == "pass" and expect.memory is not None:
+            self._add(verdict, await self._check_memory(expect.memory, memory_before, verdict))
+        if verdict.failed is None and expect.canary and self._settings.canary_enabled:
+            self._add(verdict, await self._check_canary())
+        verdict.seconds = time.monotonic() - started
+        self.last = verdict
+        return verdict
+
+    def note_awake(self, reading: GpuReading) -> None:
+        """Record the awake footprint; memory checks are relative to it."""
+        if reading.available and reading.used_bytes > 0:
+            self.awake_footprint = reading.used_bytes
+
+    def forget_golden(self) -> None:
+        """New weights legitimately change the answer: the next passing canary becomes the golden one."""
+        self.golden = None
+
+    def _add(self, verdict: Verdict, check: Check) -> None:
+        verdict.checks.append(check)
+        self._on_check(check.name, check.result)
+
+    async def _check_flags(self, expect: Expectation, verdict: Verdict) -> Check:
+        deadline = time.monotonic() + self._settings.verify_timeout_s
+        while True:
+            obs = await self._client.observe()
+            verdict.observation = obs
+            problem = _flag_problem(obs, expect)
+            if problem is None or time.monotonic() >= deadline or not obs.reachable:
+                break
+            await asyncio.sleep(self._settings.verify_poll_interval_s)
+        health = Check("health", "pass" if obs.healthy else "fail", "healthy" if obs.healthy else _dead(obs))
+        self._add(verdict, health)
+        if not obs.healthy:
+            return health
+        flags = Check(
+            "flags",
+            "pass" if problem is None else "fail",
+            problem or "flags agree",
+            {"is_sleeping": obs.sleeping, "is_paused": obs.paused},
+        )
+        self._add(verdict, flags)
+        return flags
+
+    async def _check_memory(self, kind: str, before: GpuReading | None, verdict: Verdict) -> Check:
+        deadline = time.monotonic() + self._settings.verify_timeout_s
+        while True:
+            reading = await self.read_memory()
+            verdict.memory = reading
+            if not reading.available:
+                return Check("memory", "unavailable", reading.unavailable or "unavailable")
+            problem = self._memory_problem(kind, reading, before)
+            if problem is None:
+                return Check("memory", "pass", f"{kind}: used {_gib(reading.used_bytes)}", reading.used_bytes)
+            if problem.startswith("unknown") or time.monotonic() >= deadline:
+                result = "unavailable" if problem.startswith("unknown") else "fail"
+                return Check("memory", result, problem, reading.used_bytes)
+            await asyncio.sleep(self._settings.verify_poll_interval_s)
+
+    def _memory_problem(self, kind: str, now: GpuReading, before: GpuReading | None) -> str | None:
+        footprint = self.awake_footprint
+        if footprint is None and kind == "freed" and before is not None and before.available:
+            footprint = before.used_bytes
+        if not footprint:
+            return "unknown: no awake footprint recorded yet"
+        used = now.used_bytes
+        s = self._settings
+        if kind == "freed":
+            freed = footprint - used
+            if freed < s.sleep_min_freed_fraction * footprint:
+                return (
+                    f"sleep freed {_gib(max(freed, 0))} of the awake {_gib(footprint)}; "
+                    f"at least {s.sleep_min_freed_fraction:.0%} expected (was vLLM started with --enable-sleep-mode?)"
+                )
+            return None
+        if kind == "restored":
+            if used < s.wake_min_restored_fraction * footprint:
+                return (
+                    f"wake restored only {_gib(used)} of the awake {_gib(footprint)}; "
+                    f"at least {s.wake_min_restored_fraction:.0%} expected"
+                )
+            return None
+        grown = used - (before.used_bytes if before is not None and before.available else used)
+        if grown < s.weights_wake_min_fraction * footprint:
+            return f"waking the weights added only {_gib(max(grown, 0))}; the weights did not come back"
+        return None
+
+    async def _check_canary(self) -> Check:
+        try:
+            answer = await self._canary()
+        except (UpstreamError, ValueError, KeyError, TypeError, IndexError) as exc:
+            return Check("canary", "fail", f"canary completion failed: {exc}")
+        if not math.isfinite(answer.logprob):
+            return Check("canary", "fail", f"non-finite logprob {answer.logprob} (garbage output)", answer.__dict__)
+        if not answer.text.strip("!") and self.golden is None:
+            return Check("canary", "fail", f"degenerate token {answer.text!r}", answer.__dict__)
+        golden = self.golden
+        if golden is None:
+            self.golden = answer
+            return Check("canary", "pass", "recorded as golden", answer.__dict__)
+        drift = abs(answer.logprob - golden.logprob)
+        if answer.text != golden.text or drift > self._settings.canary_max_logprob_drift:
+            return Check(
+                "canary",
+                "fail",
+                f"answer {answer.text!r} ({answer.logprob:.3f}) drifted from "
+                f"golden {golden.text!r} ({golden.logprob:.3f})",
+                answer.__dict__,
+            )
+        return Check("canary", "pass", f"matches golden (logprob drift {drift:.3f})", answer.__dict__)
+
+    async def _canary(self) -> CanaryAnswer:
+        if self._model is None:
+            models = (await self._client.call("GET", "/v1/models")).json()
+            self._model = str(models["data"][0]["id"])
+        payload = {
+            "model": self._model,
+            "prompt": self._settings.canary_prompt,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": 1,
+        }
+        reply = await self._client.call(
+            "POST", "/v1/completions", json_body=payload, timeout_s=self._settings.canary_timeout_s
+        )
+        if reply.status != 200:
+            raise ValueError(f"status {reply.status}: {reply.message()}")
+        choice = reply.json()["choices"][0]
+        logprob = choice["logprobs"]["token_logprobs"][0]
+        return CanaryAnswer(str(choice["text"]), float("nan") if logprob is None else float(logprob))
+
+
+def _flag_problem(obs: Observation, expect: Expectation) -> str | None:
+    if not obs.reachable or not obs.healthy:
+        return _dead(obs)
+    if obs.sleeping is not None and obs.sleeping != expect.sleeping:
+        return f"/is_sleeping is {str(obs.sleeping).lower()}, expected {str(expect.sleeping).lower()}"
+    if expect.paused is not None and obs.paused is not None and obs.paused != expect.paused:
+        return f"/is_paused is {str(obs.paused).lower()}, expected {str(expect.paused).lower()}"
+    return None
+
+
+def _dead(obs: Observation) -> str:
+    return "engine unreachable" + (f": {obs.error}" if obs.error else "") if not obs.reachable else "/health is not 200"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,159 @@
+"""The rules table of lifecycle calls, as pure functions of a snapshot of our state.
+
+`judge` says, before anything is sent, whether a call is a no-op (answered by us; vLLM's own repeats
+are not harmless: a repeated `/sleep` aborts requests queued during sleep), refused (409/503), merely
+recorded, or must run. `admission` says what the gate does with inference in a given snapshot.
+Nothing here does I/O; the hypothesis model test drives these directly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calls import LifecycleCall
+from .errors import EngineUnavailable, InvalidTransition, LifeguardError
+from .states import State
+
+ALL_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What we hold to be true about the engine, besides the state itself."""
+
+    state: State
+    sleep_level: int | None = None
+    asleep_tags: frozenset[str] = frozenset()
+    user_pause: str | None = None
+    weight_update_active: bool = False
+    # "discarded" after a level-2 sleep, "restarted" after an engine restart; None when valid.
+    weights_stale: str | None = None
+
+
+@dataclass(frozen=True)
+class Noop:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    error: LifeguardError
+
+
+@dataclass(frozen=True)
+class Record:
+    """Accepted without calling vLLM: a `/pause` while asleep becomes the user pause, re-applied on wake."""
+
+    body: dict[str, Any] = field(default_factory=lambda: {"status": "paused"})
+
+
+@dataclass(frozen=True)
+class Run:
+    pass
+
+
+Decision = Noop | Refuse | Record | Run
+
+
+def asleep_tags_for(level: int) -> frozenset[str]:
+    return frozenset({"scheduling"}) if level == 0 else ALL_SLEEP_TAGS
+
+
+def wake_targets(call: LifecycleCall, view: EngineView) -> frozenset[str]:
+    """The tags this wake would actually wake; vLLM leaves the scheduler paused until all are awake."""
+    if view.asleep_tags == {"scheduling"}:
+        return view.asleep_tags  # vLLM resumes a level-0 sleep on any wake
+    wanted = frozenset(call.tags) if call.tags is not None else ALL_SLEEP_TAGS
+    return wanted & view.asleep_tags
+
+
+def judge(call: LifecycleCall, view: EngineView) -> Decision:
+    state = view.state
+    if state in (State.STARTING, State.FAILED):
+        return Refuse(EngineUnavailable(f"the engine is not available (state {state.value})"))
+    in_update = state is State.UPDATING_WEIGHTS
+    op = call.op
+    if op in ("sleep", "wake_up", "pause", "resume") and in_update:
+        return Refuse(
+            InvalidTransition(
+                f"a weight update session is open; call /finish_weight_update before /{op}",
+                reason="weight_update_in_progress",
+            )
+        )
+    if op == "sleep":
+        if state is State.SLEEPING:
+            if view.sleep_level == call.level:
+                return Noop({"status": "sleeping", "level": call.level})
+            return Refuse(
+                InvalidTransition(
+                    f"the engine is asleep at level {view.sleep_level}; wake it before sleeping at level {call.level}",
+                    reason="already_asleep",
+                )
+            )
+        return Run()
+    if op == "wake_up":
+        tags = list(call.tags) if call.tags is not None else None
+        if state is State.SLEEPING:
+            return Run() if wake_targets(call, view) else Noop({"status": "sleeping", "tags": tags})
+        return Noop({"status": "awake", "tags": tags})
+    if op == "pause":
+        if state is State.RUNNING:
+            return Run()
+        if state is State.SLEEPING:
+            return Record()
+        return Noop({"status": "paused"})
+    if op == "resume":
+        if state is State.PAUSED:
+            return Run()
+        if state is State.SLEEPING:
+            return Refuse(
+                InvalidTransition(
+                    "the engine is asleep; /resume would schedule on freed memory - call /wake_up",
+                    reason="engine_asleep",
+                )
+            )
+        return Noop({"status": "resumed"})
+    if op == "start_weight_update" and view.weight_update_active:
+        return Refuse(
+            InvalidTransition(
+                "a weight update session is already open; call /finish_weight_update first",
+                reason="weight_update_active",
+            )
+        )
+    if op in ("start_weight_update", "update_weights") and "weights" in view.asleep_tags:
+        return Refuse(
+            InvalidTransition(
+                "the weights are asleep; wake them (/wake_up?tags=weights) before updating them",
+                reason="weights_asleep",
+            )
+        )
+    if op == "finish_weight_update" and not view.weight_update_active:
+        return Refuse(
+            InvalidTransition(
+                "no weight update session is open; call /start_weight_update first",
+                reason="no_weight_update_session",
+            )
+        )
+    return Run()
+
+
+class Admission(enum.Enum):
+    FORWARD = "forward"
+    HOLD = "hold"
+    REJECT_FAILED = "reject_failed"
+    REJECT_SLEEPING = "reject_sleeping"
+
+
+def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool) -> Admission:
+    """What the gate does with a new inference request in this snapshot."""
+    if view.state is State.FAILED:
+        return Admission.REJECT_FAILED
+    if view.state is State.RUNNING:
+        if view.weights_stale == "discarded" or (view.weights_stale == "restarted" and hold_while_restarted):
+            return Admission.HOLD
+        return Admission.FORWARD
+    if view.state is State.SLEEPING and on_sleeping == "reject":
+        return Admission.REJECT_SLEEPING
+    return Admission.HOLD

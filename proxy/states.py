@@ -1,0 +1,93 @@
+"""The lifecycle state set and its transition table, as a plain synchronous `transitions.Machine`.
+
+Triggers come in two kinds (mitmproxy's commands vs events):
+* `begin_*` are imperatives with strict sources: an operation may only start from the states listed;
+* `settle_*`, `fail` and `engine_lost` are facts: the coordinator adopts what it verified or observed,
+  from whatever state it was in, because the engine's truth wins over our expectation.
+
+No callback here does I/O or awaits; a trigger is atomic on the event loop. The coordinator owns the
+machine and is the only caller of triggers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from transitions import Machine
+
+
+class State(enum.Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PAUSING = "PAUSING"
+    PAUSED = "PAUSED"
+    RESUMING = "RESUMING"
+    FALLING_ASLEEP = "FALLING_ASLEEP"
+    SLEEPING = "SLEEPING"
+    WAKING = "WAKING"
+    UPDATING_WEIGHTS = "UPDATING_WEIGHTS"
+    FAILED = "FAILED"
+
+
+SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.FAILED})
+TRANSIENT = frozenset(State) - SETTLED
+
+_ANY = [s for s in State]
+_SETTLE_FROM = [s for s in State if s is not State.FAILED]
+
+TRANSITIONS: list[dict[str, Any]] = [
+    {"trigger": "begin_pause", "source": State.RUNNING, "dest": State.PAUSING},
+    {"trigger": "begin_resume", "source": State.PAUSED, "dest": State.RESUMING},
+    {"trigger": "begin_sleep", "source": [State.RUNNING, State.PAUSED], "dest": State.FALLING_ASLEEP},
+    {"trigger": "begin_wake", "source": State.SLEEPING, "dest": State.WAKING},
+    {
+        "trigger": "begin_weight_update",
+        "source": [State.RUNNING, State.PAUSED, State.SLEEPING],
+        "dest": State.UPDATING_WEIGHTS,
+    },
+    {"trigger": "settle_running", "source": _SETTLE_FROM, "dest": State.RUNNING},
+    {"trigger": "settle_paused", "source": _SETTLE_FROM, "dest": State.PAUSED},
+    {"trigger": "settle_sleeping", "source": _SETTLE_FROM, "dest": State.SLEEPING},
+    {"trigger": "settle_updating", "source": _SETTLE_FROM, "dest": State.UPDATING_WEIGHTS},
+    {"trigger": "fail", "source": _ANY, "dest": State.FAILED},
+    # A failed engine is only trusted again once it has been seen healthy from scratch.
+    {"trigger": "engine_back", "source": State.FAILED, "dest": State.STARTING},
+    {"trigger": "engine_lost", "source": _ANY, "dest": State.FAILED},
+]
+
+
+class Lifecycle:
+    """The model the machine drives; `state` is always a `State`."""
+
+    state: State
+
+    def __init__(self, on_change: Callable[[State, State], None]) -> None:
+        self._on_change = on_change
+        self.machine = Machine(
+            model=self,
+            states=State,
+            transitions=TRANSITIONS,
+            initial=State.STARTING,
+            auto_transitions=False,
+            ignore_invalid_triggers=False,
+            send_event=True,
+            after_state_change=self._changed,
+            model_override=True,
+        )
+
+    def _changed(self, event: Any) -> None:
+        self._on_change(State[event.transition.source], self.state)
+
+    def may(self, trigger: str) -> bool:
+        """Whether `trigger` is valid from the current state."""
+        return bool(self.machine.get_triggers(self.state.name).count(trigger))
+
+    def fire(self, trigger: str) -> State:
+        """Run `trigger` (raises `transitions.MachineError` if it is invalid here); returns the new state."""
+        self.trigger(trigger)
+        return self.state
+
+    def trigger(self, name: str) -> bool:  # replaced by the machine (model_override)
+        raise RuntimeError("machine not attached")

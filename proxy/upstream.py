@@ -1,0 +1,135 @@
+"""`VllmClient`: typed calls to vLLM's control endpoints, and the one place where aiohttp's client
+errors become `UpstreamError`s.
+
+Every call has a deadline. vLLM itself puts none on its lifecycle awaits (a `/sleep?mode=wait` drains
+for as long as generations run), so the coordinator passes a long one for lifecycle calls and a short
+one for the flag reads used by verification and the reconcile loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from .errors import UpstreamBadStatus, UpstreamTimeout, UpstreamUnreachable
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str | None
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+    def message(self) -> str:
+        """vLLM's error message from either of its two body shapes, else the raw text."""
+        try:
+            payload = self.json()
+        except ValueError:
+            return self.body.decode(errors="replace")[:500]
+        if isinstance(payload, dict):
+            err = payload.get("error", payload.get("detail"))
+            if isinstance(err, dict):
+                return str(err.get("message", err))
+            if err is not None:
+                return str(err)
+        return self.body.decode(errors="replace")[:500]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out."""
+
+    reachable: bool
+    healthy: bool = False
+    sleeping: bool | None = None
+    paused: bool | None = None
+    error: str | None = None
+
+
+class VllmClient:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, control_timeout_s: float) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self._control_timeout_s = control_timeout_s
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        body: bytes | None = None,
+        json_body: Any = None,
+        timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        """One request; raises UpstreamUnreachable or UpstreamTimeout, never aiohttp's errors."""
+        timeout = timeout_s if timeout_s is not None else self._control_timeout_s
+        data: bytes | None = body
+        hdrs = dict(headers or {})
+        if json_body is not None:
+            data = json.dumps(json_body).encode()
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.session.request(
+                    method, self.base_url + path, params=list(query), data=data, headers=hdrs, allow_redirects=False
+                ) as resp:
+                    payload = await resp.read()
+                    return Reply(resp.status, payload, resp.headers.get("Content-Type"))
+        except TimeoutError:
+            raise UpstreamTimeout(f"vLLM did not answer {method} {path} within {timeout:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {exc!r}") from exc
+
+    async def lifecycle(self, method: str, path: str, **kwargs: Any) -> Reply:
+        """A lifecycle call that must succeed: a non-2xx answer becomes UpstreamBadStatus."""
+        reply = await self.call(method, path, **kwargs)
+        if not 200 <= reply.status < 300:
+            raise UpstreamBadStatus(
+                f"vLLM answered {path} with {reply.status}: {reply.message()}",
+                upstream_status=reply.status,
+                upstream_body=reply.body.decode(errors="replace")[:2000],
+            )
+        return reply
+
+    async def health(self) -> bool:
+        return (await self.call("GET", "/health")).status == 200
+
+    async def flag(self, path: str, name: str) -> bool | None:
+        """`/is_sleeping` or `/is_paused`; None when this vLLM does not serve the route."""
+        reply = await self.call("GET", path)
+        if reply.status == 404:
+            return None
+        if reply.status != 200:
+            raise UpstreamBadStatus(
+                f"vLLM answered {path} with {reply.status}: {reply.message()}",
+                upstream_status=reply.status,
+                upstream_body=reply.body.decode(errors="replace")[:2000],
+            )
+        value = (reply.json() or {}).get(name)
+        return bool(value) if value is not None else None
+
+    async def observe(self) -> Observation:
+        """Read `/health`, `/is_sleeping` and `/is_paused` (vLLM answers these without an engine round-trip
+        for health; the flags wait behind a running sleep/wake on the engine-core thread)."""
+        try:
+            healthy = await self.health()
+            if not healthy:
+                return Observation(reachable=True, healthy=False)
+            sleeping, paused = await asyncio.gather(
+                self.flag("/is_sleeping", "is_sleeping"), self.flag("/is_paused", "is_paused")
+            )
+        except (UpstreamUnreachable, UpstreamTimeout) as exc:
+            return Observation(reachable=False, error=exc.message)
+        except UpstreamBadStatus as exc:
+            return Observation(reachable=True, healthy=False, error=exc.message)
+        return Observation(reachable=True, healthy=True, sleeping=sleeping, paused=paused)
