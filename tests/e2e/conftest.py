@@ -1,0 +1,97 @@
+"""The proxy in front of an in-process simulator, both on loopback test servers.
+
+`make_stack(**settings)` builds one; `Stack` has the helpers tests use to wait on conditions (always
+polling with a deadline, never a fixed sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from proxy.sim.engine import Engine
+
+FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
+
+
+@dataclass
+class Stack:
+    client: TestClient
+    sim_server: TestServer
+    proxy_app: web.Application
+    settings: Settings
+
+    @property
+    def sim(self) -> Engine:
+        engine: Engine = self.sim_server.app[SIM_ENGINE]
+        return engine
+
+    async def state(self) -> dict[str, Any]:
+        resp = await self.client.get("/lifeguard/state")
+        assert resp.status == 200
+        body: dict[str, Any] = await resp.json()
+        return body
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            snapshot = await self.state()
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached within {timeout} s; last state: {snapshot}")
+            await asyncio.sleep(0.01)
+
+    async def wait_state(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.wait_for(lambda s: s["state"] == name, timeout)
+
+    async def wait_held(self, count: int, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.wait_for(lambda s: s["held_requests"] == count, timeout)
+
+    def completion(self, prompt: str = "hello", max_tokens: int = 4, **extra: Any) -> Awaitable[Any]:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+        return self.client.post("/v1/completions", json=body)
+
+    def faults(self, *specs: str) -> None:
+        self.sim.set_faults(list(specs))
+
+    def sim_count(self, op: str) -> int:
+        counters: dict[str, int] = self.sim.state_dict()["counters"]  # type: ignore[assignment]
+        return int(counters.get(op, 0))
+
+
+@pytest.fixture
+def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
+    async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:
+        gpu_file = tmp_path / "gpu.json"
+        sim_settings = sim or FAST_SIM
+        sim_settings = SimSettings(**{**sim_settings.__dict__, "gpu_file": gpu_file})
+        sim_server = await aiohttp_server(create_sim_app(sim_settings))
+        values: dict[str, Any] = {
+            "upstream": str(sim_server.make_url("")).rstrip("/"),
+            "gpu_probe": f"file:{gpu_file}",
+            "reconcile_interval_s": 0.2,
+            "verify_timeout_s": 1.0,
+            "verify_poll_interval_s": 0.01,
+            "hold_timeout_s": 10.0,
+            **overrides,
+        }
+        settings = Settings(**values)
+        app = create_app(settings)
+        client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+        stack = Stack(client, sim_server, app, settings)
+        await stack.wait_state("RUNNING")
+        return stack
+
+    return make
