@@ -1,0 +1,237 @@
+"""Real vLLM-for-CPU harness: one vLLM per session, a fresh proxy in front of it per test.
+
+Run through ``make test-vllm`` (``scripts/test-vllm.sh``), which sets up the vLLM venv and exports
+``LIFEGUARD_VLLM_PYTHON`` / ``LIFEGUARD_VLLM_MODEL``. Without them every test here is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+REPO = Path(__file__).resolve().parents[2]
+
+_spec = importlib.util.spec_from_file_location("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
+assert _spec and _spec.loader
+vllm_server_mod = importlib.util.module_from_spec(_spec)
+sys.modules["lifeguard_vllm_server"] = vllm_server_mod
+_spec.loader.exec_module(vllm_server_mod)
+VllmServer = vllm_server_mod.VllmServer
+free_port = vllm_server_mod.free_port
+
+
+# ---------------------------------------------------------------- sync HTTP helpers (fixtures)
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+
+
+def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
+    status, raw = http(method, url, body, timeout)
+    assert status == 200, f"{method} {url} -> {status} {raw[:300]!r}"
+    return json.loads(raw)
+
+
+# ---------------------------------------------------------------- the vLLM server
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[Any]:
+    if not os.environ.get("LIFEGUARD_VLLM_PYTHON") or not os.environ.get("LIFEGUARD_VLLM_MODEL"):
+        pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
+    log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = VllmServer(log_path=log_dir / "vllm.log")
+    try:
+        server.start()
+        sys.stderr.write(f"\n[vllm] healthy on {server.url} after {server.starts[-1]:.1f} s\n")
+        yield server
+    finally:
+        server.stop()
+        sys.stderr.write(f"\n[vllm] starts (s): {[round(s, 1) for s in server.starts]}; log {server.log_path}\n")
+
+
+def reset_vllm(server: Any) -> None:
+    """Bring the shared vLLM back to awake, unpaused, idle (restart it if a test killed it)."""
+    if not server.alive():
+        server.restart()
+    base = server.url
+    http("POST", base + "/abort_requests", {})
+    for path in ("/wake_up", "/resume"):
+        status, raw = http("POST", base + path, timeout=30)
+        assert status == 200, f"reset {path}: {status} {raw!r}"
+    assert http_json("GET", base + "/is_sleeping") == {"is_sleeping": False}
+    assert http_json("GET", base + "/is_paused") == {"is_paused": False}
+    deadline = time.monotonic() + 10
+    while http_json("GET", base + "/load")["server_load"] != 0:
+        assert time.monotonic() < deadline, "vLLM still has requests in flight after reset"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- the proxy
+
+
+def lifeguard_bin() -> str:
+    exe = Path(sys.executable).parent / "vllm-lifeguard"
+    return str(exe) if exe.exists() else "vllm-lifeguard"
+
+
+@dataclass
+class Proxy:
+    """``vllm-lifeguard serve --upstream <vLLM>`` as a subprocess in its own process group."""
+
+    port: int
+    upstream: str
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    starts: list[float] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Spawn the proxy; return once ``GET /lifeguard/state`` says RUNNING (bounded wait)."""
+        cmd = [
+            lifeguard_bin(),
+            "serve",
+            "--upstream",
+            self.upstream,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--gpu-probe",
+            "none",
+            *self.extra_args,
+        ]
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n==== start {' '.join(cmd)} env={self.env}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        deadline = t0 + timeout
+        last: Any = None
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"proxy exited rc={self.proc.returncode}; log tail:\n{self.log_tail()}")
+            try:
+                status, raw = http("GET", self.url + "/lifeguard/state", timeout=2)
+                last = (status, raw[:300])
+                if status == 200 and json.loads(raw).get("state") == "RUNNING":
+                    break
+            except (OSError, ValueError) as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"proxy not RUNNING after {timeout} s (last {last!r}); log tail:\n{self.log_tail()}")
+            time.sleep(0.05)
+        self.starts.append(time.monotonic() - t0)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the proxy's process group, SIGKILL after ``timeout``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def start_proxy(vllm_server: Any, tmp_path: Path) -> Iterator[Callable[..., Proxy]]:
+    """Factory: ``start_proxy(LIFEGUARD_X="y")`` resets the shared vLLM, then starts a proxy with that env."""
+    started: list[Proxy] = []
+
+    def _start(**env: str) -> Proxy:
+        reset_vllm(vllm_server)
+        p = Proxy(port=free_port(), upstream=vllm_server.url, log_path=tmp_path / f"proxy{len(started)}.log", env=env)
+        started.append(p)
+        p.start()
+        return p
+
+    try:
+        yield _start
+    finally:
+        for p in started:
+            p.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Callable[..., Proxy]) -> Proxy:
+    """A fresh proxy with default settings in front of the (reset) shared vLLM."""
+    return start_proxy()
+
+
+@pytest.fixture
+async def oai(proxy: Proxy) -> AsyncIterator[AsyncOpenAI]:
+    """The openai SDK pointed at the proxy (no retries: a retry would hide what the proxy did)."""
+    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def oai_direct(vllm_server: Any) -> AsyncIterator[AsyncOpenAI]:
+    """The openai SDK pointed at vLLM directly."""
+    client = AsyncOpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)) as s:
+        yield s

@@ -1,0 +1,150 @@
+"""Inference through the proxy is what vLLM gives directly (temperature 0), and disconnects abort."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+from vllm_e2e import (
+    LONG,
+    MODEL,
+    get_json,
+    lg_state,
+    long_stream_body,
+    metric,
+    metrics,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
+
+PROMPT = "def sleep(self, level):"
+CHAT = [{"role": "user", "content": "hello proxy, wake the engine"}]
+
+
+def _strip_ids(obj: Any) -> Any:
+    """Drop what differs between two identical generations: ids and timestamps."""
+    if isinstance(obj, dict):
+        return {k: _strip_ids(v) for k, v in obj.items() if k not in ("id", "created", "system_fingerprint")}
+    if isinstance(obj, list):
+        return [_strip_ids(v) for v in obj]
+    return obj
+
+
+async def test_completion_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3)
+    direct = await oai_direct.completions.create(**kw)
+    proxied = await oai.completions.create(**kw)
+    assert direct.choices[0].text  # the model produced something, so equality means something
+    assert _strip_ids(proxied.model_dump()) == _strip_ids(direct.model_dump())
+
+
+async def test_chat_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=CHAT, max_tokens=24, temperature=0, logprobs=True)
+    direct = await oai_direct.chat.completions.create(**kw)
+    proxied = await oai.chat.completions.create(**kw)
+    assert direct.choices[0].message.content
+    assert _strip_ids(proxied.model_dump()) == _strip_ids(direct.model_dump())
+
+
+async def _collect(stream: Any) -> list[dict[str, Any]]:
+    return [_strip_ids(chunk.model_dump()) async for chunk in stream]
+
+
+async def test_streamed_completion_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=32,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    direct = await _collect(await oai_direct.completions.create(**kw))
+    proxied = await _collect(await oai.completions.create(**kw))
+    assert len(direct) > 2 and direct[-1]["usage"]["completion_tokens"] == 32
+    assert proxied == direct  # same chunks, in the same order, same usage chunk at the end
+
+
+async def test_streamed_chat_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
+    kw: dict[str, Any] = dict(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=32,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    direct = await _collect(await oai_direct.chat.completions.create(**kw))
+    proxied = await _collect(await oai.chat.completions.create(**kw))
+    assert direct[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert proxied == direct
+
+
+async def test_raw_sse_bytes_through_proxy_equal_direct_modulo_ids(
+    proxy: Any, vllm_server: Any, session: aiohttp.ClientSession
+) -> None:
+    """Below the SDK: the SSE framing itself (data lines, [DONE], content type) is relayed unchanged."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stream": True}
+
+    async def raw(base: str) -> tuple[str, list[Any]]:
+        async with session.post(base + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            ctype = r.headers["Content-Type"]
+            text = (await r.read()).decode()
+        events = [e for e in text.split("\n\n") if e]
+        parsed = [e if e == "data: [DONE]" else _strip_ids(json.loads(e.removeprefix("data: "))) for e in events]
+        return ctype, parsed
+
+    direct = await raw(vllm_server.url)
+    proxied = await raw(proxy.url)
+    assert direct[1][-1] == "data: [DONE]"
+    assert proxied == direct
+
+
+async def test_client_disconnect_through_proxy_aborts_generation_in_vllm(
+    proxy: Any, vllm_server: Any, session: aiohttp.ClientSession
+) -> None:
+    before = await metrics(session, vllm_server.url)
+    gen0 = metric(before, "vllm:generation_tokens_total")
+    seen = 0
+    async with session.post(proxy.url + "/v1/completions", json=long_stream_body()) as r:
+        assert r.status == 200
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                seen += 1
+                if seen == 10:
+                    break
+        # leave the block without reading the rest: close the connection under the stream
+        r.close()
+    # vLLM notices through the proxy: nothing left in flight, long before the 480 tokens would end
+    await wait_until(
+        lambda: get_json(session, vllm_server.url + "/load"),
+        lambda load: load["server_load"] == 0,
+        timeout=10,
+        what="vLLM /load back to 0 after the disconnect",
+    )
+    after = await metrics(session, vllm_server.url)
+    generated = metric(after, "vllm:generation_tokens_total") - gen0
+    assert generated < LONG - 100, f"vLLM generated {generated} of {LONG} tokens: the disconnect did not abort it"
+    assert metric(after, "vllm:num_requests_running") == 0
+    st = await wait_until(
+        lambda: lg_state(session, proxy.url),
+        lambda s: s["inflight_requests"] == 0,
+        timeout=5,
+        what="proxy inflight_requests back to 0",
+    )
+    assert st["state"] == "RUNNING"
+
+
+async def test_concurrent_requests_through_proxy_all_complete(oai: AsyncOpenAI) -> None:
+    prompts = [f"{PROMPT} # {i}" for i in range(8)]
+    results = await asyncio.gather(
+        *(oai.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0) for p in prompts)
+    )
+    assert [r.usage.completion_tokens for r in results if r.usage] == [8] * 8
+    assert all(r.choices[0].finish_reason == "length" for r in results)

@@ -1,0 +1,217 @@
+"""Helpers shared by the real-vLLM tests (imported by conftest.py and the test modules)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+MODEL = "tiny"  # --served-model-name of the session's vLLM
+LONG = 480  # max_tokens of a "long" stream: ~2-3 s on the 2-core CI machine (max-model-len 512)
+
+T = TypeVar("T")
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[T]],
+    pred: Callable[[T], bool],
+    timeout: float = 15.0,
+    what: str = "condition",
+    interval: float = 0.02,
+) -> T:
+    """Poll ``probe()`` until ``pred(value)`` holds; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if pred(value):
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}; last value: {value!r}")
+        await asyncio.sleep(interval)
+
+
+async def get_json(s: aiohttp.ClientSession, url: str) -> Any:
+    async with s.get(url) as r:
+        assert r.status == 200, f"GET {url} -> {r.status} {await r.text()}"
+        return await r.json(content_type=None)
+
+
+async def post(s: aiohttp.ClientSession, url: str, **kw: Any) -> tuple[int, Any, Any]:
+    """POST; return (status, JSON body / raw text / None when empty, headers)."""
+    async with s.post(url, **kw) as r:
+        raw = await r.read()
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode(errors="replace")
+        return r.status, body, r.headers
+
+
+async def lg_state(s: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    """The proxy's ``GET /lifeguard/state``."""
+    state: dict[str, Any] = await get_json(s, base + "/lifeguard/state")
+    return state
+
+
+async def wait_state(s: aiohttp.ClientSession, base: str, want: str, timeout: float = 15.0) -> dict[str, Any]:
+    return await wait_until(
+        lambda: lg_state(s, base), lambda st: st["state"] == want, timeout, what=f"proxy state {want}"
+    )
+
+
+async def wait_held(s: aiohttp.ClientSession, base: str, n: int, timeout: float = 15.0) -> dict[str, Any]:
+    return await wait_until(
+        lambda: lg_state(s, base), lambda st: st["held_requests"] == n, timeout, what=f"{n} held request(s)"
+    )
+
+
+async def vllm_flags(s: aiohttp.ClientSession, vllm: str) -> tuple[bool, bool, int]:
+    """(is_sleeping, is_paused, server_load) read from vLLM directly."""
+    sl = await get_json(s, vllm + "/is_sleeping")
+    pa = await get_json(s, vllm + "/is_paused")
+    lo = await get_json(s, vllm + "/load")
+    return sl["is_sleeping"], pa["is_paused"], lo["server_load"]
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> Samples:
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+
+def has_metric(samples: Samples, name: str, **labels: str) -> bool:
+    return any(n == name and all(lab.get(k) == x for k, x in labels.items()) for n, lab, _ in samples)
+
+
+async def metrics(s: aiohttp.ClientSession, base: str) -> Samples:
+    async with s.get(base + "/metrics") as r:
+        assert r.status == 200, r.status
+        return parse_metrics(await r.text())
+
+
+def sleep_ops(samples: Samples, op: str = "sleep") -> float:
+    """How many /sleep (or wake, ...) calls vLLM has served."""
+    return metric(samples, "vllm:sleep_mode_operation_duration_seconds_count", operation=op)
+
+
+def weight_ops(samples: Samples, op: str) -> float:
+    return metric(samples, "vllm:rl_weight_update_operation_duration_seconds_count", operation=op)
+
+
+def engine_requests(samples: Samples) -> float:
+    return metric(samples, "vllm:num_requests_running") + metric(samples, "vllm:num_requests_waiting")
+
+
+def sleep_state(samples: Samples) -> tuple[float, float, float]:
+    """vllm:engine_sleep_state as (awake, weights_offloaded, discard_all), as vLLM's test reads it."""
+    vals = []
+    for label in ("awake", "weights_offloaded", "discard_all"):
+        assert has_metric(samples, "vllm:engine_sleep_state", sleep_state=label), label
+        vals.append(metric(samples, "vllm:engine_sleep_state", sleep_state=label))
+    return vals[0], vals[1], vals[2]
+
+
+def assert_proxy_error(status: int, body: Any, headers: Any, expect: int) -> dict[str, Any]:
+    """The proxy's own errors: OpenAI-shaped JSON plus X-Lifeguard-Reason (and Retry-After on 503)."""
+    assert status == expect, f"expected {expect}, got {status}: {body!r}"
+    assert isinstance(body, dict) and isinstance(body.get("error"), dict), body
+    err: dict[str, Any] = body["error"]
+    for key in ("message", "type", "param", "code"):
+        assert key in err, body
+    assert headers.get("X-Lifeguard-Reason"), dict(headers)
+    if expect == 503:
+        assert headers.get("Retry-After"), dict(headers)
+    return err
+
+
+async def engine_never_saw_it(s: aiohttp.ClientSession, vllm: str) -> None:
+    """vLLM has no request: /load (with --enable-server-load-tracking) and num_requests_* are 0."""
+    load = await get_json(s, vllm + "/load")
+    assert load == {"server_load": 0}, load
+    assert engine_requests(await metrics(s, vllm)) == 0
+
+
+class StreamReader:
+    """Reads an OpenAI SSE stream with aiohttp, recording every data event as it arrives."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []  # parsed JSON of each `data:` line ("[DONE]" kept as the string)
+        self.status: int | None = None
+        self.started = asyncio.Event()  # set at the first choice chunk
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if isinstance(e, dict) and e.get("choices")]
+
+    @property
+    def finish_reason(self) -> str | None:
+        reasons = [c["choices"][0].get("finish_reason") for c in self.chunks]
+        reasons = [r for r in reasons if r]
+        return reasons[-1] if reasons else None
+
+    @property
+    def text(self) -> str:
+        out = []
+        for c in self.chunks:
+            ch = c["choices"][0]
+            out.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+        return "".join(out)
+
+    @property
+    def errors(self) -> list[Any]:
+        return [e for e in self.events if isinstance(e, dict) and "error" in e]
+
+    async def run(self, s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> StreamReader:
+        async with s.post(url, json=body) as r:
+            self.status = r.status
+            if r.status != 200:
+                self.events.append(await r.json(content_type=None))
+                return self
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                self.events.append(data if data == "[DONE]" else json.loads(data))
+                if self.chunks:
+                    self.started.set()
+        return self
+
+
+def long_stream_body(max_tokens: int = LONG) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "prompt": "Count upward slowly: one, two, three,",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+def short_completion_body(max_tokens: int = 8) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hello world", "max_tokens": max_tokens, "temperature": 0}
