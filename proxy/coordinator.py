@@ -14,7 +14,7 @@ harmless (a repeated /sleep aborts the requests queued during sleep).
 from __future__ import annotations
 
 import asyncio
-import collections
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,10 +35,11 @@ from .errors import (
 from .gate import RequestGate
 from .metrics import Metrics
 from .probes import Expectation, Verdict, Verifier
-from .rules import EngineView, Noop, Record, Refuse, admission, asleep_tags_for, judge, wake_targets
-from .states import Lifecycle, State
+from .record import EngineRecord
+from .rules import Noop, Record, Refuse, admission, judge, wake_targets
+from .states import State
 from .tasks import spawn
-from .upstream import Observation, Reply, VllmClient
+from .upstream import Reply, VllmClient
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
@@ -64,8 +65,6 @@ class OpResult:
 
 
 def _json_result(body: dict[str, Any], outcome: str, **headers: str) -> OpResult:
-    import json
-
     return OpResult(200, json.dumps(body).encode(), "application/json", dict(headers), outcome)
 
 
@@ -80,62 +79,32 @@ class LifecycleCoordinator:
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
-        self.sleep_level: int | None = None
-        self.asleep_tags: frozenset[str] = frozenset()
-        self.user_pause: str | None = None
-        self.weight_update_active = False
-        self.weights_stale: str | None = None
-        self.last_error: dict[str, Any] | None = None
-        self.failure_kind: str | None = None
-        self.since = time.time()
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
-        self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
-        self._return_state = State.RUNNING
-        self._ever_running = False
-        self.lifecycle = Lifecycle(self._on_state_change)
+        self.record = EngineRecord(metrics, self._refresh_gate)
         self._refresh_gate()
 
-    # ----- reading
     @property
     def state(self) -> State:
-        return self.lifecycle.state
+        return self.record.state
 
     @property
     def busy(self) -> bool:
         return self._lock.locked()
 
-    def view(self) -> EngineView:
-        return EngineView(
-            self.state,
-            self.sleep_level,
-            self.asleep_tags,
-            self.user_pause,
-            self.weight_update_active,
-            self.weights_stale,
-        )
+    @property
+    def weights_stale(self) -> bool:
+        return self.record.weights_stale is not None
 
     def snapshot(self) -> dict[str, Any]:
         """The public state (`GET /lifeguard/state`); advisory for anyone but the coordinator."""
         last = self._verifier.last
         memory = self._verifier.last_memory
         return {
-            "state": self.state.value,
-            "since": self.since,
-            "sleep_level": self.sleep_level,
-            "asleep_tags": sorted(self.asleep_tags),
-            "paused": self.user_pause is not None or self.state in (State.PAUSED, State.PAUSING),
-            "pause_mode": self.user_pause,
-            "weight_update_active": self.weight_update_active,
-            "weights_stale": self.weights_stale is not None,
-            "weights_stale_reason": self.weights_stale,
+            **self.record.snapshot(),
             "held_requests": self._gate.held,
             "inflight_requests": self._gate.inflight,
             "lifecycle_busy": self.busy,
-            "last_error": self.last_error,
             "last_verification": last.as_dict() if last else None,
             "gpu_memory": memory.as_dict() if memory else None,
-            "transitions": list(self.history),
-            "drift_events": list(self.drift_events),
             "upstream": self._client.base_url,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
@@ -155,7 +124,7 @@ class LifecycleCoordinator:
                 return await asyncio.shield(joined)
             finally:
                 self._metrics.operation_finished(call.op, "joined", time.monotonic() - started)
-        if call.op == "update_weights" and self.weight_update_active:
+        if call.op == "update_weights" and self.record.weight_update_active:
             # Inside an open session the trainer's NCCL send runs concurrently: never queue this.
             return await self._timed(call, self._forward_in_session(call))
         future: asyncio.Future[OpResult] = asyncio.get_running_loop().create_future()
@@ -205,7 +174,7 @@ class LifecycleCoordinator:
                 outcome = "upstream_error"
                 upstream_status = getattr(exc, "upstream_status", None)
             if isinstance(exc, (UpstreamError, VerificationFailed)):
-                self.last_error = {"reason": exc.reason, "message": exc.message, "at": time.time()}
+                self.record.error(exc.reason, exc.message)
             raise
         finally:
             seconds = time.monotonic() - started
@@ -229,13 +198,13 @@ class LifecycleCoordinator:
             )
 
     async def _execute(self, call: LifecycleCall) -> OpResult:
-        decision = judge(call, self.view())
+        decision = judge(call, self.record.view())
         if isinstance(decision, Refuse):
             raise decision.error
         if isinstance(decision, Noop):
             return _json_result(decision.body, "noop", **{"X-Lifeguard-Noop": "true"})
         if isinstance(decision, Record):
-            self.user_pause = call.mode or "abort"
+            self.record.user_pause = call.mode or "abort"
             return _json_result(decision.body, "ok", **{"X-Lifeguard-Deferred": "pause applied on wake"})
         operation: Callable[[LifecycleCall], Awaitable[OpResult]] = getattr(self, f"_do_{call.op}")
         return await operation(call)
@@ -247,7 +216,7 @@ class LifecycleCoordinator:
         if self.state is State.RUNNING:
             self._verifier.note_awake(before)
         prev = self.state
-        self._fire("begin_sleep")
+        self.record.fire("begin_sleep")
         headers: dict[str, str] = {}
         if self._settings.drain_before_sleep_s > 0 and call.mode == "abort" and self._gate.inflight:
             self._metrics.policy_action("drain_before_sleep")
@@ -261,20 +230,18 @@ class LifecycleCoordinator:
             failed.name == "memory" and verdict.observation and verdict.observation.sleeping
         ):
             self._caught_lie(call, verdict, hint=prev)
-        self.sleep_level = level
-        self.asleep_tags = asleep_tags_for(level)
-        if prev is State.PAUSED and self.user_pause is None:
-            self.user_pause = "abort"
+        self.record.fell_asleep(level)
+        if prev is State.PAUSED and self.record.user_pause is None:
+            self.record.user_pause = "abort"
         if level == 2:
-            self.weights_stale = "discarded"
             self._verifier.forget_golden()
-        self._fire("settle_sleeping")
+        self.record.fire("settle_sleeping")
         if failed is not None:  # asleep by the flags, but nothing was freed: the engine is where it says
             self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
         return _reply_result(reply, verdict, headers)
 
     async def _do_wake_up(self, call: LifecycleCall) -> OpResult:
-        view = self.view()
+        view = self.record.view()
         targets = wake_targets(call, view)
         remaining = frozenset() if view.asleep_tags == {"scheduling"} else view.asleep_tags - targets
         full = not remaining
@@ -283,86 +250,88 @@ class LifecycleCoordinator:
         else:  # only what is still asleep: vLLM's repeat of an awake tag is a silent no-op at best
             sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
         before = await self._verifier.read_memory()
-        self._fire("begin_wake")
+        self.record.fire("begin_wake")
         reply = await self._upstream(sent, "/wake_up", hint=State.SLEEPING)
         memory = None
         if view.sleep_level != 0:
             memory = "restored" if full else ("weights_restored" if "weights" in targets else None)
-        canary = full and self.weights_stale != "discarded"
+        canary = full and self.record.weights_stale != "discarded"
         verdict = await self._verifier.verify(
             Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
             memory_before=before,
         )
         if verdict.failed is not None:
             self._caught_lie(call, verdict, hint=State.SLEEPING)
-        self.asleep_tags = remaining
+        self.record.asleep_tags = remaining
         if not full:
-            self._fire("settle_sleeping")
+            self.record.fire("settle_sleeping")
             return _reply_result(reply, verdict)
-        self.sleep_level = None
+        self.record.sleep_level = None
         if verdict.memory is not None:
             self._verifier.note_awake(verdict.memory)
-        if self.user_pause is not None:
+        if self.record.user_pause is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
             await self._upstream(
-                LifecycleCall("pause", (("mode", self.user_pause),), mode=self.user_pause), "/pause", hint=State.PAUSED
+                LifecycleCall("pause", (("mode", self.record.user_pause),), mode=self.record.user_pause),
+                "/pause",
+                hint=State.PAUSED,
             )
             repaused = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
             if repaused.failed is not None:
                 self._caught_lie(call, repaused, hint=State.PAUSED)
-            self._fire("settle_paused")
-            return _reply_result(reply, verdict, {"X-Lifeguard-Pause-Kept": self.user_pause})
-        self._fire("settle_running")
+            self.record.fire("settle_paused")
+            return _reply_result(reply, verdict, {"X-Lifeguard-Pause-Kept": self.record.user_pause})
+        self.record.fire("settle_running")
         return _reply_result(reply, verdict)
 
     async def _do_pause(self, call: LifecycleCall) -> OpResult:
-        self._fire("begin_pause")
+        self.record.fire("begin_pause")
         reply = await self._upstream(call, "/pause", hint=State.RUNNING)
         verdict = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
         if verdict.failed is not None:
             self._caught_lie(call, verdict, hint=State.RUNNING)
-        self.user_pause = call.mode or "abort"
-        self._fire("settle_paused")
+        self.record.user_pause = call.mode or "abort"
+        self.record.fire("settle_paused")
         return _reply_result(reply, verdict)
 
     async def _do_resume(self, call: LifecycleCall) -> OpResult:
-        self._fire("begin_resume")
+        self.record.fire("begin_resume")
         reply = await self._upstream(call, "/resume", hint=State.PAUSED)
         verdict = await self._verifier.verify(Expectation(sleeping=False, paused=False), memory_before=None)
         if verdict.failed is not None:
             self._caught_lie(call, verdict, hint=State.PAUSED)
-        self.user_pause = None
-        self._fire("settle_running")
+        self.record.user_pause = None
+        self.record.fire("settle_running")
         return _reply_result(reply, verdict)
 
     async def _do_start_weight_update(self, call: LifecycleCall) -> OpResult:
         prev = self.state
-        self._fire("begin_weight_update")
+        self.record.fire("begin_weight_update")
         try:
             reply = await self._upstream(call, "/start_weight_update", hint=prev)
         except UpstreamBadStatus:
-            self._settle(prev)
+            self.record.settle(prev)
             raise
-        self.weight_update_active = True
-        self._return_state = prev
+        self.record.weight_update_active = True
+        self.record.return_state = prev
         return _reply_result(reply, None)
 
     async def _do_update_weights(self, call: LifecycleCall) -> OpResult:
         prev = self.state  # no session open: this call is a session of its own
-        self._fire("begin_weight_update")
+        self.record.fire("begin_weight_update")
         try:
             reply = await self._upstream(call, "/update_weights", hint=prev)
         finally:
             if self.state is State.UPDATING_WEIGHTS:
-                self._settle(prev)
+                self.record.settle(prev)
         self._weights_loaded()
         return _reply_result(reply, None)
 
     async def _do_finish_weight_update(self, call: LifecycleCall) -> OpResult:
         reply = await self._upstream(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
-        self.weight_update_active = False
+        self.record.weight_update_active = False
         self._weights_loaded()
-        self._settle(self._return_state)
+        self.record.settle(self.record.return_state)
         return _reply_result(reply, None)
 
     async def _do_collective_rpc(self, call: LifecycleCall) -> OpResult:
@@ -372,7 +341,7 @@ class LifecycleCoordinator:
         return _reply_result(reply, None)
 
     async def _forward_in_session(self, call: LifecycleCall) -> OpResult:
-        if "weights" in self.asleep_tags:
+        if "weights" in self.record.asleep_tags:
             raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
         reply = await self._client.lifecycle(
             "POST", "/update_weights", query=call.query, body=call.body or None,
@@ -395,7 +364,7 @@ class LifecycleCoordinator:
             )
         except UpstreamError as exc:
             obs = await self._client.observe()
-            self._adopt(obs, hint=hint, reason=exc)
+            self.record.adopt(obs, hint=hint, message=exc.message)
             raise
 
     async def _watching(self, work: Awaitable[T]) -> T:
@@ -423,57 +392,16 @@ class LifecycleCoordinator:
         obs = verdict.observation
         if adopt:
             if check.name == "canary":
-                self._set_failed("garbage", f"the engine produces garbage after {call.op}: {check.detail}")
+                self.record.set_failed("garbage", f"the engine produces garbage after {call.op}: {check.detail}")
             elif check.name == "memory" and call.op == "wake_up":
-                self._set_failed("memory", f"the engine says awake but its memory is not back: {check.detail}")
+                self.record.set_failed("memory", f"the engine says awake but its memory is not back: {check.detail}")
             elif obs is not None:
-                self._adopt(obs, hint=hint, reason=None)
+                self.record.adopt(obs, hint=hint)
         raise VerificationFailed(f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
                                  check=check.name)  # fmt: skip
 
-    # ----- adopting what the engine really is
-    def _adopt(self, obs: Observation, *, hint: State, reason: LifeguardError | None) -> None:
-        if not obs.reachable or not obs.healthy:
-            message = reason.message if reason else (obs.error or "/health is not 200")
-            self._set_failed("unreachable", message)
-            return
-        if obs.sleeping is False and not obs.paused:
-            self.asleep_tags, self.sleep_level, self.user_pause = frozenset(), None, None
-            self._settle(State.RUNNING if hint is not State.UPDATING_WEIGHTS or not self.weight_update_active else hint)
-        elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING):
-            self.user_pause = self.user_pause or "abort"
-            self._settle(State.PAUSED)
-        elif hint is State.UPDATING_WEIGHTS:
-            self._settle(State.UPDATING_WEIGHTS)
-        else:
-            if not self.asleep_tags:
-                self.asleep_tags = asleep_tags_for(self.sleep_level if self.sleep_level is not None else 1)
-                self.sleep_level = self.sleep_level if self.sleep_level is not None else 1
-            self._settle(State.SLEEPING)
-
-    def _settle(self, state: State) -> None:
-        trigger = {
-            State.RUNNING: "settle_running",
-            State.PAUSED: "settle_paused",
-            State.SLEEPING: "settle_sleeping",
-            State.UPDATING_WEIGHTS: "settle_updating",
-        }[state]
-        if self.state is State.FAILED:
-            self._fire("engine_back")
-        if self.state is not state:
-            self._fire(trigger)
-
-    def _set_failed(self, kind: str, message: str) -> None:
-        self.failure_kind = kind
-        self.last_error = {"reason": "engine_" + kind, "message": message, "at": time.time()}
-        if self.state is not State.FAILED:
-            self._fire("fail")
-
     def _weights_loaded(self) -> None:
-        if self.weights_stale is not None:
-            self.weights_stale = None
-            self._metrics.weights_stale(False)
-            self._refresh_gate()
+        self.record.weights_loaded()
         self._verifier.forget_golden()
 
     # ----- the reconcile loop's entry point (reconcile.py drives it)
@@ -484,55 +412,14 @@ class LifecycleCoordinator:
         async with self._lock:
             obs = await self._client.observe()
             memory = await self._verifier.read_memory()
-            self._reconcile_with(obs)
-            if self.state is State.RUNNING and not self.weight_update_active:
+            self.record.reconcile_with(obs)
+            if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
-
-    def _reconcile_with(self, obs: Observation) -> None:
-        state = self.state
-        if not obs.reachable or not obs.healthy:
-            if state is not State.FAILED:
-                self._set_failed("unreachable", obs.error or "/health is not 200")
-            else:
-                self.failure_kind = "unreachable"
-            return
-        if state is State.FAILED:
-            if self.failure_kind != "unreachable":
-                return  # healthy but broken (garbage, memory): only a restart brings it back
-            self._fire("engine_back")
-            if self._ever_running:
-                self._restarted()
-            state = State.STARTING
-        if state is State.STARTING:
-            self._adopt(obs, hint=State.STARTING if obs.paused else State.RUNNING, reason=None)
-            return
-        if state is State.UPDATING_WEIGHTS:
-            return
-        expected = (False, False) if state is State.RUNNING else (True, True)
-        seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
-        if seen != expected:
-            before = self.state.value
-            self._adopt(obs, hint=state, reason=None)
-            event = {"at": time.time(), "before": before, "after": self.state.value, "observed": seen}
-            self.drift_events.append(event)
-            self._metrics.drift()
-            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **event})
-
-    def _restarted(self) -> None:
-        """A restarted vLLM holds its initial checkpoint, not the trained weights."""
-        self._metrics.engine_restart()
-        self.weights_stale = "restarted"
-        self._metrics.weights_stale(True)
-        self.weight_update_active = False
-        self.user_pause = None
-        self.asleep_tags, self.sleep_level = frozenset(), None
-        self._verifier.forget_golden()
-        log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- policies that start lifecycle calls themselves
     def wake_on_request(self) -> None:
         """Policy on_sleeping=wake: one wake for however many requests arrive while asleep."""
-        if self.state is not State.SLEEPING or self.weights_stale == "discarded":
+        if self.state is not State.SLEEPING or self.record.weights_stale == "discarded":
             return
         self._metrics.policy_action("wake_on_request")
         spawn(self._quietly(LifecycleCall("wake_up")), name="policy:wake_on_request")
@@ -561,27 +448,9 @@ class LifecycleCoordinator:
     def close(self) -> None:
         self._gate.close()
 
-    # ----- state changes
-    def _fire(self, trigger: str) -> None:
-        self.lifecycle.fire(trigger)
-
-    def _on_state_change(self, src: State, dst: State) -> None:
-        if src is dst:
-            return
-        self.since = time.time()
-        if dst is State.RUNNING:
-            self._ever_running = True
-        if dst is not State.FAILED and src is State.FAILED:
-            self.failure_kind = None
-        self.history.append({"from": src.value, "to": dst.value, "at": self.since})
-        self._metrics.state_changed(src.value, dst.value)
-        log.info("state %s -> %s", src.value, dst.value,
-                 extra={"event": "state_change", "from_state": src.value, "to_state": dst.value})  # fmt: skip
-        self._refresh_gate()
-
     def _refresh_gate(self) -> None:
         decision = admission(
-            self.view(),
+            self.record.view(),
             on_sleeping=self._settings.on_sleeping,
             hold_while_restarted=self._settings.hold_while_weights_stale,
         )

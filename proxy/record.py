@@ -1,0 +1,191 @@
+"""`EngineRecord`: what we hold to be true about the engine, and how observations change it.
+
+Sans-IO: the coordinator does the talking to vLLM and hands observations in; this module keeps the
+state machine and the facts beside it (sleep level, tags still asleep, the user's pause, the weight
+update session, stale weights, last error, history), and decides what an observation means. It is
+synchronous throughout, so each change is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .metrics import Metrics
+from .rules import EngineView, asleep_tags_for
+from .states import Lifecycle, State
+from .upstream import Observation
+
+log = logging.getLogger("lifeguard.lifecycle")
+
+_SETTLE_TRIGGER = {
+    State.RUNNING: "settle_running",
+    State.PAUSED: "settle_paused",
+    State.SLEEPING: "settle_sleeping",
+    State.UPDATING_WEIGHTS: "settle_updating",
+}
+
+
+class EngineRecord:
+    def __init__(self, metrics: Metrics, on_view_change: Callable[[], None]) -> None:
+        self._metrics = metrics
+        self._on_view_change = on_view_change
+        self.sleep_level: int | None = None
+        self.asleep_tags: frozenset[str] = frozenset()
+        self.user_pause: str | None = None
+        self.weight_update_active = False
+        self.return_state = State.RUNNING
+        # "discarded" after a level-2 sleep, "restarted" after an engine restart; None when valid.
+        self.weights_stale: str | None = None
+        self.failure_kind: str | None = None
+        self.last_error: dict[str, Any] | None = None
+        self.since = time.time()
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
+        self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self._ever_running = False
+        self.lifecycle = Lifecycle(self._on_state_change)
+
+    @property
+    def state(self) -> State:
+        return self.lifecycle.state
+
+    def view(self) -> EngineView:
+        return EngineView(
+            self.state,
+            self.sleep_level,
+            self.asleep_tags,
+            self.user_pause,
+            self.weight_update_active,
+            self.weights_stale,
+        )
+
+    def fire(self, trigger: str) -> None:
+        self.lifecycle.fire(trigger)
+
+    # ----- facts the coordinator establishes
+    def fell_asleep(self, level: int) -> None:
+        self.sleep_level = level
+        self.asleep_tags = asleep_tags_for(level)
+        if level == 2:
+            self.mark_stale("discarded")
+
+    def mark_stale(self, reason: str) -> None:
+        self.weights_stale = reason
+        self._metrics.weights_stale(True)
+        self._on_view_change()
+
+    def weights_loaded(self) -> None:
+        if self.weights_stale is not None:
+            self.weights_stale = None
+            self._metrics.weights_stale(False)
+            self._on_view_change()
+
+    def error(self, reason: str, message: str) -> None:
+        self.last_error = {"reason": reason, "message": message, "at": time.time()}
+
+    def set_failed(self, kind: str, message: str) -> None:
+        self.failure_kind = kind
+        self.error("engine_" + kind, message)
+        if self.state is not State.FAILED:
+            self.fire("fail")
+
+    def settle(self, state: State) -> None:
+        if self.state is State.FAILED:
+            self.fire("engine_back")
+        if self.state is not state:
+            self.fire(_SETTLE_TRIGGER[state])
+
+    # ----- adopting what the engine really is
+    def adopt(self, obs: Observation, *, hint: State, message: str | None = None) -> None:
+        """Set our state from vLLM's flags. They cannot tell a pause from a sleep, so `hint` says which
+        of the two we were near (the operation that just failed, or the state we believed)."""
+        if not obs.reachable or not obs.healthy:
+            self.set_failed("unreachable", message or obs.error or "/health is not 200")
+            return
+        if obs.sleeping is False and not obs.paused:
+            self.asleep_tags, self.sleep_level, self.user_pause = frozenset(), None, None
+            self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
+        elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING):
+            self.user_pause = self.user_pause or "abort"
+            self.settle(State.PAUSED)
+        elif hint is State.UPDATING_WEIGHTS:
+            self.settle(State.UPDATING_WEIGHTS)
+        else:
+            if not self.asleep_tags:
+                self.sleep_level = self.sleep_level if self.sleep_level is not None else 1
+                self.asleep_tags = asleep_tags_for(self.sleep_level)
+            self.settle(State.SLEEPING)
+
+    def reconcile_with(self, obs: Observation) -> None:
+        """One round of the reconcile loop: engine lost, engine back, or drift."""
+        state = self.state
+        if not obs.reachable or not obs.healthy:
+            if state is not State.FAILED:
+                self.set_failed("unreachable", obs.error or "/health is not 200")
+            else:
+                self.failure_kind = "unreachable"
+            return
+        if state is State.FAILED:
+            if self.failure_kind != "unreachable":
+                return  # healthy but broken (garbage, memory not back): only a restart brings it back
+            self.fire("engine_back")
+            if self._ever_running:
+                self._restarted()
+            state = State.STARTING
+        if state is State.STARTING:
+            self.adopt(obs, hint=State.STARTING if obs.paused else State.RUNNING)
+            return
+        if state is State.UPDATING_WEIGHTS:
+            return
+        expected = (False, False) if state is State.RUNNING else (True, True)
+        seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
+        if seen != expected:
+            before = state.value
+            self.adopt(obs, hint=state)
+            event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}
+            self.drift_events.append(event)
+            self._metrics.drift()
+            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **event})
+
+    def _restarted(self) -> None:
+        """A restarted vLLM holds its initial checkpoint, not the trained weights."""
+        self._metrics.engine_restart()
+        self.weight_update_active = False
+        self.user_pause = None
+        self.asleep_tags, self.sleep_level = frozenset(), None
+        self.mark_stale("restarted")
+        log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
+
+    # ----- state changes
+    def _on_state_change(self, src: State, dst: State) -> None:
+        if src is dst:
+            return
+        self.since = time.time()
+        if dst is State.RUNNING:
+            self._ever_running = True
+        if src is State.FAILED:
+            self.failure_kind = None
+        self.history.append({"from": src.value, "to": dst.value, "at": self.since})
+        self._metrics.state_changed(src.value, dst.value)
+        log.info("state %s -> %s", src.value, dst.value,
+                 extra={"event": "state_change", "from_state": src.value, "to_state": dst.value})  # fmt: skip
+        self._on_view_change()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "since": self.since,
+            "sleep_level": self.sleep_level,
+            "asleep_tags": sorted(self.asleep_tags),
+            "paused": self.user_pause is not None or self.state in (State.PAUSED, State.PAUSING),
+            "pause_mode": self.user_pause,
+            "weight_update_active": self.weight_update_active,
+            "weights_stale": self.weights_stale is not None,
+            "weights_stale_reason": self.weights_stale,
+            "last_error": self.last_error,
+            "transitions": list(self.history),
+            "drift_events": list(self.drift_events),
+        }
