@@ -1,0 +1,68 @@
+"""Fixtures for the conformance scenarios.
+
+By default ``engine_url`` is an in-process simulator. Set ``CONFORMANCE_ENGINE_URL`` (and, if the served
+name is not "tiny", ``CONFORMANCE_MODEL``) to run the same scenarios against a real vLLM started with
+``VLLM_SERVER_DEV_MODE=1 --enable-server-load-tracking``; the hold scenarios read ``/load`` to see a
+request has reached the engine. Checks that only the simulator can answer take the ``sim_only`` fixture
+and are skipped then.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from conformance.api import VllmApi
+from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from proxy.sim.engine import Engine
+
+REAL_ENGINE_URL = os.environ.get("CONFORMANCE_ENGINE_URL")
+MODEL = os.environ.get("CONFORMANCE_MODEL", "tiny")
+# Paced like vLLM-on-CPU with the tiny model (500 tokens in about 2 s), with quick sleeps and wakes.
+SIM_SETTINGS = SimSettings(model=MODEL, token_seconds=0.004, sleep_seconds=0.02, wake_seconds=0.03)
+
+
+@pytest.fixture
+def sim_only() -> None:
+    if REAL_ENGINE_URL:
+        pytest.skip("simulator-only check (CONFORMANCE_ENGINE_URL points at a real engine)")
+
+
+@pytest.fixture
+async def sim_server(aiohttp_server: Any) -> Any:
+    if REAL_ENGINE_URL:
+        return None
+    return await aiohttp_server(create_sim_app(SIM_SETTINGS))
+
+
+@pytest.fixture
+def engine_url(sim_server: Any) -> str:
+    if REAL_ENGINE_URL:
+        return REAL_ENGINE_URL.rstrip("/")
+    return str(sim_server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+def sim_engine(sim_only: None, sim_server: Any) -> Engine:
+    engine: Engine = sim_server.app[SIM_ENGINE]
+    return engine
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
+        yield client
+
+
+@pytest.fixture
+async def vllm(session: aiohttp.ClientSession, engine_url: str) -> AsyncIterator[VllmApi]:
+    """The engine under test, awake and unpaused before and after each scenario."""
+    api = VllmApi(session, engine_url, MODEL)
+    # /wake_up also lifts a plain /pause, so it is the one call that restores a clean engine.
+    assert (await api.wake()).status == 200
+    yield api
+    assert (await api.wake()).status == 200

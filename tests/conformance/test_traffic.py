@@ -1,0 +1,143 @@
+"""What happens to requests per state: held, aborted, frozen, drained (vllm-on-cpu.md §1.4 B-H)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conformance.api import StreamResult, VllmApi, eventually, still_pending
+
+
+async def _engine_holds_one(vllm: VllmApi) -> None:
+    async def held() -> bool:
+        return await vllm.server_load() >= 1
+
+    await eventually(held, what="the engine to hold the request (GET /load)")
+
+
+async def test_request_sent_while_asleep_is_held_until_wake(vllm: VllmApi) -> None:
+    await vllm.sleep(1)
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    assert await still_pending(request)
+    assert (await vllm.get("/health")).status == 200
+    await vllm.wake()
+    answer = await asyncio.wait_for(request, 30)
+    assert answer.status == 200
+    assert answer.body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+async def test_request_held_through_a_partial_wake_completes_after_the_last_tag(vllm: VllmApi) -> None:
+    await vllm.sleep(1)
+    await vllm.wake("weights")
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    assert await still_pending(request)
+    await vllm.wake("kv_cache")
+    assert (await asyncio.wait_for(request, 30)).status == 200
+
+
+async def test_request_sent_while_paused_is_held_until_resume(vllm: VllmApi) -> None:
+    await vllm.post("/pause")
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    assert await still_pending(request)
+    await vllm.post("/resume")
+    assert (await asyncio.wait_for(request, 30)).status == 200
+
+
+async def test_sleep_aborts_an_inflight_stream(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+    assert (await vllm.sleep(1)).status == 200
+    await asyncio.wait_for(stream, 30)
+    assert result.status == 200
+    assert result.done
+    assert result.finish_reason == "abort"
+
+
+async def test_sleep_in_wait_mode_returns_after_the_stream_finished(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result, max_tokens=60))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+    assert (await vllm.sleep(1, mode="wait")).status == 200
+    await asyncio.wait_for(stream, 5)
+    assert result.finish_reason == "length"
+    assert await vllm.is_sleeping()
+
+
+async def test_repeated_sleep_aborts_requests_queued_during_sleep(vllm: VllmApi) -> None:
+    await vllm.sleep(1)
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    assert (await vllm.sleep(1)).status == 200
+    answer = await asyncio.wait_for(request, 30)
+    assert answer.status == 200
+    assert answer.body["choices"][0]["finish_reason"] == "abort"
+
+
+async def test_pause_aborts_an_inflight_stream(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+    assert (await vllm.post("/pause")).status == 200
+    await asyncio.wait_for(stream, 30)
+    assert (result.status, result.done, result.finish_reason) == (200, True, "abort")
+
+
+async def test_pause_in_wait_mode_returns_after_the_stream_finished(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result, max_tokens=60))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+    assert (await vllm.post("/pause", mode="wait")).status == 200
+    await asyncio.wait_for(stream, 5)
+    assert result.finish_reason == "length"
+
+
+async def test_pause_in_keep_mode_freezes_the_stream_until_resume(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result, max_tokens=120))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+    assert (await vllm.post("/pause", mode="keep")).status == 200
+    frozen_at = result.text_chunks
+    assert await still_pending(stream)
+    assert result.text_chunks <= frozen_at + 1
+    await vllm.post("/resume")
+    await asyncio.wait_for(stream, 30)
+    assert result.finish_reason == "length"
+    assert result.text_chunks > frozen_at
+
+
+async def test_resume_while_asleep_serves_the_held_request(vllm: VllmApi) -> None:
+    """vLLM's hazard (vllm-on-cpu.md §5): /resume un-pauses even though the engine still sleeps."""
+    await vllm.sleep(1)
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    assert (await vllm.post("/resume")).status == 200
+    assert (await asyncio.wait_for(request, 30)).status == 200
+    assert await vllm.is_sleeping()
+
+
+async def test_abort_requests_ends_a_held_request(vllm: VllmApi) -> None:
+    await vllm.post("/pause")
+    request = asyncio.create_task(vllm.completion(max_tokens=4))
+    await _engine_holds_one(vllm)
+    answer = await vllm.call("POST", "/abort_requests", json_body={})
+    assert answer.status == 200
+    assert answer.body["aborted"] >= 1
+    done = await asyncio.wait_for(request, 30)
+    assert done.body["choices"][0]["finish_reason"] == "abort"
+
+
+async def test_metrics_count_running_requests(vllm: VllmApi) -> None:
+    result = StreamResult()
+    stream = asyncio.create_task(vllm.stream_completion(result))
+    await asyncio.wait_for(result.first_text.wait(), 30)
+
+    async def running() -> bool:
+        return await vllm.metric_sum("vllm:num_requests_running") >= 1
+
+    await eventually(running, what="num_requests_running >= 1")
+    await vllm.post("/pause")
+    await asyncio.wait_for(stream, 30)
+    assert await vllm.metric_sum("vllm:request_success_total", finished_reason="abort") >= 1
