@@ -22,4 +22,4 @@ promtool check rules deploy/prometheus/lifeguard-rules.yaml
 promtool test rules deploy/prometheus/lifeguard-rules.test.yaml
 
 # -m prometheus overrides pyproject's addopts, which leave this marker out of `make test`.
-"$VENV/bin/pytest" -m prometheus tests/observability -q -p no:cacheprovider "$@"
+"$VENV/bin/pytest" -m prometheus tests/observability -q -rP -p no:cacheprovider "$@"

@@ -6,9 +6,9 @@ Run by `make test-observability` (scripts/check-observability.sh), which install
 `pod`, as a Kubernetes scrape would: `lifeguard` (the proxy's /lifeguard/metrics) and `vllm` (vLLM's
 /metrics, read through the proxy's unchanged passthrough). The lifeguard rules are loaded too.
 
-The scenario: inference; an invalid sleep; sleep; requests held; a wake that fails (sim fault
+The scenario: inference; an invalid sleep; sleep; a refused resume; requests held; a wake that fails (sim fault
 `wake_up:error500`) while they stay held; they reach their hold deadline; a client that gives up;
-a good wake that releases a held request; a wake that lies (`wake_up:lie-asleep`); drift (a sleep
+a good wake that releases a held request; a wake that lies (`wake_up:lie-asleep`); drift (a pause
 sent to vLLM directly); the engine killed (FAILED) and started again.
 
 Then every target of every dashboard panel is run as Grafana would run it for a dashboard showing
@@ -243,7 +243,11 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
             "--gpu-probe",
             f"file:{gpu_file}",
         ],  # fmt: skip
-        env={"LIFEGUARD_HOLD_TIMEOUT_S": str(HOLD_TIMEOUT_S), "LIFEGUARD_RECONCILE_INTERVAL_S": "0.5"},
+        env={
+            "LIFEGUARD_HOLD_TIMEOUT_S": str(HOLD_TIMEOUT_S),
+            "LIFEGUARD_RECONCILE_INTERVAL_S": "0.5",
+            "LIFEGUARD_VERIFY_TIMEOUT_S": "2",  # the lying wake is caught when this runs out
+        },
     )
     target = f"127.0.0.1:{proxy_port}"
     labels = {"namespace": NAMESPACE, "pod": POD}
@@ -309,6 +313,8 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
         status, text = await api.post("/sleep", params={"level": "1"})
         assert status == 200, text
         assert await api.in_state("SLEEPING")
+        status, text = await api.post("/resume")  # refused: vLLM would schedule on freed memory
+        assert status == 409, text
         held = [asyncio.ensure_future(api.post("/v1/completions", json=completion(model))) for _ in range(2)]
         await wait_for("2 requests held", lambda: _held(api, 2), procs)
         await wait_for(
@@ -354,12 +360,13 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
         status, text = await api.post("/wake_up")
         assert status == 200, text
 
-        # drift: vLLM put to sleep behind the proxy's back
-        status, text = await api.post("/sleep", base=api.sim, params={"level": "1"})
+        # drift: vLLM paused behind the proxy's back; the proxy adopts it, then resumes through itself
+        status, text = await api.post("/pause", base=api.sim)
         assert status == 200, text
-        await wait_for("the proxy to adopt the drifted state", lambda: api.in_state("SLEEPING"), procs)
-        status, text = await api.post("/wake_up")
+        await wait_for("the proxy to adopt the drifted state", lambda: api.in_state("PAUSED"), procs)
+        status, text = await api.post("/resume")
         assert status == 200, text
+        assert await api.in_state("RUNNING")
 
         # the engine dies and comes back
         procs.kill("sim")
