@@ -20,6 +20,8 @@ from multidict import CIMultiDict
 
 from .errors import UpstreamUnreachable
 
+STREAM_BROKEN = web.RequestKey("stream_broken", bool)
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -113,6 +115,6 @@ class Forwarder:
             if "text/event-stream" in (upstream.content_type or ""):
                 await response.write(sse_error_event(broke))
             request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
-            request["stream_broken"] = True
+            request[STREAM_BROKEN] = True
         await response.write_eof()
         return response

@@ -20,7 +20,7 @@ from .calls import parse_call
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import BodyTooLarge, EngineUnavailable, Forbidden, LifeguardError, Unauthorized, UpstreamError
-from .forward import Forwarder
+from .forward import STREAM_BROKEN, Forwarder
 from .gate import RequestGate
 from .metrics import Metrics
 from .routes import LIFECYCLE_PATHS, RouteKind, classify, normalise
@@ -154,7 +154,7 @@ async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
     try:
         extra = _STALE_HEADER if app[COORDINATOR].weights_stale else None
         response = await app[FORWARDER].forward(request, body, extra_headers=extra)
-        if request.get("stream_broken"):
+        if request.get(STREAM_BROKEN):
             outcome = "stream_broken"
         return response
     except UpstreamError:

@@ -74,7 +74,6 @@ class Lifecycle:
             ignore_invalid_triggers=False,
             send_event=True,
             after_state_change=self._changed,
-            model_override=True,
         )
 
     def _changed(self, event: Any) -> None:
@@ -86,8 +85,5 @@ class Lifecycle:
 
     def fire(self, trigger: str) -> State:
         """Run `trigger` (raises `transitions.MachineError` if it is invalid here); returns the new state."""
-        self.trigger(trigger)
+        self.machine.events[trigger].trigger(self)
         return self.state
-
-    def trigger(self, name: str) -> bool:  # replaced by the machine (model_override)
-        raise RuntimeError("machine not attached")

@@ -89,7 +89,7 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         }
         settings = Settings(**values)
         app = create_app(settings)
-        client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+        client = await aiohttp_client(app)
         stack = Stack(client, sim_server, app, settings)
         await stack.wait_state("RUNNING")
         return stack
