@@ -6,7 +6,6 @@ import asyncio
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 

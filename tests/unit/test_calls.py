@@ -1,0 +1,54 @@
+"""Parameters are validated before anything is sent; the call is rebuilt in the form vLLM understands."""
+
+import pytest
+
+from proxy.calls import parse_call
+from proxy.errors import BadParameter
+
+
+@pytest.mark.parametrize(
+    ("op", "query", "param"),
+    [
+        ("sleep", [("level", "3")], "level"),
+        ("sleep", [("level", "-1")], "level"),
+        ("sleep", [("level", "one")], "level"),
+        ("sleep", [("mode", "drain")], "mode"),
+        ("pause", [("mode", "bogus")], "mode"),
+        ("pause", [("clear_cache", "maybe")], "clear_cache"),
+        ("wake_up", [("tags", "weights,bogus")], "tags"),
+        ("wake_up", [("tags", "")], "tags"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_naming_it(op: str, query: list[tuple[str, str]], param: str) -> None:
+    with pytest.raises(BadParameter) as err:
+        parse_call(op, query, b"")
+    assert err.value.param == param
+    assert err.value.status == 400
+
+
+def test_comma_joined_and_repeated_tags_are_both_accepted_and_sent_repeated() -> None:
+    joined = parse_call("wake_up", [("tags", "weights,kv_cache")], b"")
+    repeated = parse_call("wake_up", [("tags", "weights"), ("tags", "kv_cache")], b"")
+    assert joined.query == repeated.query == (("tags", "weights"), ("tags", "kv_cache"))
+    assert joined.key == repeated.key
+
+
+def test_sleep_defaults_match_vllm() -> None:
+    call = parse_call("sleep", [], b"")
+    assert (call.level, call.mode) == (1, "abort")
+    assert call.query == (("level", "1"), ("mode", "abort"))
+
+
+def test_the_deprecated_wait_flag_forces_wait_mode() -> None:
+    call = parse_call("pause", [("wait_for_inflight_requests", "true")], b"")
+    assert call.mode == "wait"
+
+
+@pytest.mark.parametrize("body", [b"", b"not json", b"[]", b'{"args": []}', b'{"method": 3}'])
+def test_collective_rpc_needs_a_json_body_with_a_method(body: bytes) -> None:
+    with pytest.raises(BadParameter):
+        parse_call("collective_rpc", [], body)
+
+
+def test_collective_rpc_method_is_read() -> None:
+    assert parse_call("collective_rpc", [], b'{"method": "reload_weights"}').rpc_method == "reload_weights"

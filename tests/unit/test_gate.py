@@ -1,0 +1,131 @@
+"""Every way a held request can end, driven by direct calls (no HTTP, no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, ShuttingDown
+from proxy.gate import RequestGate
+from proxy.rules import Admission
+
+
+def gate(max_held: int = 10, hold_timeout_s: float = 30.0) -> tuple[RequestGate, list[str]]:
+    endings: list[str] = []
+    g = RequestGate(
+        max_held=max_held, hold_timeout_s=hold_timeout_s, on_hold_ended=lambda outcome, s: endings.append(outcome)
+    )
+    return g, endings
+
+
+async def held(g: RequestGate, count: int) -> None:
+    """Let the event loop run until `count` requests sit in the queue."""
+    for _ in range(1000):
+        if g.held == count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{g.held} held, expected {count}")
+
+
+async def test_running_admits_at_once_and_counts_in_flight() -> None:
+    g, _ = gate()
+    g.set_admission(Admission.FORWARD)
+    ticket = await g.admit()
+    assert g.inflight == 1
+    ticket.done()
+    ticket.done()  # idempotent
+    assert g.inflight == 0
+
+
+async def test_held_requests_are_released_in_arrival_order() -> None:
+    g, endings = gate()
+    order: list[int] = []
+
+    async def request(n: int) -> None:
+        ticket = await g.admit()
+        order.append(n)
+        ticket.done()
+
+    tasks = [asyncio.ensure_future(request(n)) for n in range(5)]
+    await held(g, 5)
+    g.set_admission(Admission.FORWARD)
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+    assert endings == ["forwarded"] * 5
+
+
+async def test_a_held_request_times_out_with_503_hold_timeout() -> None:
+    g, endings = gate(hold_timeout_s=0.05)
+    with pytest.raises(HoldTimeout) as err:
+        await g.admit()
+    assert err.value.status == 503 and err.value.retry_after
+    assert g.held == 0 and endings == ["hold_timeout"]
+
+
+async def test_a_client_that_leaves_is_removed_and_never_forwarded() -> None:
+    g, endings = gate()
+    task = asyncio.ensure_future(g.admit())
+    await held(g, 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert g.held == 0 and endings == ["client_gone"]
+    g.set_admission(Admission.FORWARD)
+    assert g.inflight == 0
+
+
+async def test_a_full_queue_answers_503_hold_queue_full_at_once() -> None:
+    g, endings = gate(max_held=1)
+    first = asyncio.ensure_future(g.admit())
+    await held(g, 1)
+    with pytest.raises(HoldQueueFull):
+        await g.admit()
+    assert endings == ["hold_queue_full"]
+    first.cancel()
+
+
+async def test_shutdown_answers_every_held_request_503_shutting_down() -> None:
+    g, endings = gate()
+    tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
+    await held(g, 3)
+    g.close()
+    for task in tasks:
+        with pytest.raises(ShuttingDown):
+            await task
+    with pytest.raises(ShuttingDown):
+        await g.admit()
+    assert endings == ["shutting_down"] * 3
+
+
+async def test_a_failed_engine_refuses_new_requests_but_held_ones_keep_waiting() -> None:
+    g, _ = gate()
+    waiting = asyncio.ensure_future(g.admit())
+    await held(g, 1)
+    g.set_admission(Admission.REJECT_FAILED)
+    with pytest.raises(EngineUnavailable):
+        await g.admit()
+    assert g.held == 1 and not waiting.done()
+    g.set_admission(Admission.FORWARD)  # the engine came back
+    (await waiting).done()
+
+
+async def test_reject_while_sleeping_fails_new_and_held_requests_with_engine_sleeping() -> None:
+    g, _ = gate()
+    waiting = asyncio.ensure_future(g.admit())
+    await held(g, 1)
+    g.set_admission(Admission.REJECT_SLEEPING, sleeping=True)
+    with pytest.raises(EngineSleeping):
+        await waiting
+    with pytest.raises(EngineSleeping):
+        await g.admit()
+
+
+async def test_wait_idle_returns_when_the_last_request_finishes() -> None:
+    g, _ = gate()
+    g.set_admission(Admission.FORWARD)
+    ticket = await g.admit()
+    assert not await g.wait_idle(0.01)
+    waiter = asyncio.ensure_future(g.wait_idle(5))
+    ticket.done()
+    assert await waiter

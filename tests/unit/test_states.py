@@ -1,0 +1,53 @@
+"""The pure state machine: which edges exist, which do not, and the change hook."""
+
+import pytest
+from transitions import MachineError
+
+from proxy.states import SETTLED, TRANSIENT, Lifecycle, State
+
+
+def machine() -> tuple[Lifecycle, list[tuple[State, State]]]:
+    changes: list[tuple[State, State]] = []
+    return Lifecycle(lambda src, dst: changes.append((src, dst))), changes
+
+
+def test_the_machine_starts_in_starting_and_reports_every_change() -> None:
+    lifecycle, changes = machine()
+    assert lifecycle.state is State.STARTING
+    lifecycle.fire("settle_running")
+    lifecycle.fire("begin_sleep")
+    assert changes == [(State.STARTING, State.RUNNING), (State.RUNNING, State.FALLING_ASLEEP)]
+
+
+@pytest.mark.parametrize(
+    ("start", "trigger"),
+    [
+        ("settle_running", "begin_wake"),
+        ("settle_running", "begin_resume"),
+        ("settle_paused", "begin_pause"),
+        ("settle_sleeping", "begin_sleep"),
+        ("settle_sleeping", "begin_pause"),
+    ],
+)
+def test_an_operation_cannot_begin_from_a_state_it_does_not_apply_to(start: str, trigger: str) -> None:
+    lifecycle, _ = machine()
+    lifecycle.fire(start)
+    with pytest.raises(MachineError):
+        lifecycle.fire(trigger)
+
+
+def test_a_failed_engine_must_be_seen_again_before_it_can_settle() -> None:
+    lifecycle, _ = machine()
+    lifecycle.fire("settle_running")
+    lifecycle.fire("fail")
+    with pytest.raises(MachineError):
+        lifecycle.fire("settle_running")
+    lifecycle.fire("engine_back")
+    lifecycle.fire("settle_running")
+    assert lifecycle.state is State.RUNNING
+
+
+def test_every_state_is_either_settled_or_transient() -> None:
+    assert SETTLED | TRANSIENT == frozenset(State)
+    assert not SETTLED & TRANSIENT
+    assert State.WAKING in TRANSIENT and State.SLEEPING in SETTLED
