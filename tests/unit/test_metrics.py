@@ -72,9 +72,7 @@ def test_exposition_parses_and_has_every_family_with_its_type(metrics: Metrics, 
     assert all(name.startswith("lifeguard_") for name in found)
 
 
-def test_every_known_label_set_reads_zero_before_the_first_event(
-    metrics: Metrics, registry: CollectorRegistry
-):
+def test_every_known_label_set_reads_zero_before_the_first_event(metrics: Metrics, registry: CollectorRegistry):
     for op in OPERATIONS:
         for outcome in m.OPERATION_OUTCOMES:
             assert value(registry, OPS_TOTAL, operation=op, outcome=outcome) == 0
@@ -109,9 +107,7 @@ def test_every_known_label_set_reads_zero_before_the_first_event(
     assert value(registry, "lifeguard_build_info", version="1.2.3") == 1
 
 
-def test_state_starts_at_the_first_state_and_follows_transitions(
-    metrics: Metrics, registry: CollectorRegistry
-):
+def test_state_starts_at_the_first_state_and_follows_transitions(metrics: Metrics, registry: CollectorRegistry):
     assert value(registry, "lifeguard_state", lifeguard_state="STARTING") == 1
     metrics.state_changed("STARTING", "RUNNING")
     metrics.state_changed("RUNNING", "SLEEPING")
@@ -122,9 +118,7 @@ def test_state_starts_at_the_first_state_and_follows_transitions(
 
 
 def test_edges_narrow_the_pre_created_transitions(registry: CollectorRegistry):
-    metrics = Metrics(
-        registry, version="x", states=STATES, operations=OPERATIONS, edges=[("STARTING", "RUNNING")]
-    )
+    metrics = Metrics(registry, version="x", states=STATES, operations=OPERATIONS, edges=[("STARTING", "RUNNING")])
     assert value(registry, TRANSITIONS, from_state="STARTING", to_state="RUNNING") == 0
     assert value(registry, TRANSITIONS, from_state="RUNNING", to_state="FAILED") is None
     metrics.state_changed("RUNNING", "FAILED")  # an edge not listed is still counted, not dropped
@@ -150,18 +144,8 @@ def test_each_method_moves_its_own_series(metrics: Metrics, registry: CollectorR
     metrics.operation_finished("wake_up", "upstream_error", 42.0)
     assert value(registry, OPS_TOTAL, operation="wake_up", outcome="upstream_error") == 1
     assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_sum", operation="wake_up") == 42.0
-    assert (
-        value(
-            registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="30.0"
-        )
-        == 0
-    )
-    assert (
-        value(
-            registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="60.0"
-        )
-        == 1
-    )
+    assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="30.0") == 0
+    assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="60.0") == 1
     metrics.held_now(7)
     assert value(registry, "lifeguard_held_requests") == 7
     metrics.hold_finished("hold_timeout", 300.0)
@@ -227,9 +211,7 @@ async def test_handler_serves_the_registry(metrics: Metrics, aiohttp_client):
     assert "lifeguard_drift_events_total 1.0" in body
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool not installed (make test-observability)"
-)
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make test-observability)")
 def test_exposition_passes_promtool_check_metrics(metrics: Metrics, registry: CollectorRegistry):
     metrics.state_changed("STARTING", "RUNNING")
     metrics.gpu_memory("0", 1, 2)
