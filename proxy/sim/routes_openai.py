@@ -155,6 +155,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
                     break
             if not response.prepared:
                 await response.prepare(request)
+                if chat:
+                    await _send(response, writer.chunk("", None, role=True))
             if not (req.finish_reason == "length" and req.produced == req.max_tokens):
                 await _send(response, writer.chunk("", req.finish_reason))
         except EngineHTTPError as exc:
