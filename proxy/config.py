@@ -8,11 +8,12 @@ file named by `--config` (or `LIFEGUARD_CONFIG`), then the defaults below, which
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -47,14 +48,14 @@ class Settings(BaseSettings):
     lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
     lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
     control_call_timeout_s: float = Field(default=10.0, gt=0)
-    weight_reload_rpc_methods: tuple[str, ...] = ("reload_weights",)
+    weight_reload_rpc_methods: Annotated[tuple[str, ...], NoDecode] = ("reload_weights",)
     admin_token: SecretStr | None = None
 
     # --- verification after every lifecycle 200
     verify_timeout_s: float = Field(default=10.0, gt=0)
     verify_poll_interval_s: float = Field(default=0.05, gt=0)
     gpu_probe: str = Field(default="nvml", description="nvml | file:PATH | none")
-    gpu_devices: tuple[str, ...] = ()
+    gpu_devices: Annotated[tuple[str, ...], NoDecode] = ()
     sleep_min_freed_fraction: float = Field(default=0.5, ge=0, le=1)
     wake_min_restored_fraction: float = Field(default=0.9, ge=0, le=1)
     weights_wake_min_fraction: float = Field(default=0.05, ge=0, le=1)
