@@ -246,8 +246,9 @@ class Engine:
             claimed = "awake"
         else:
             async with self._lock:
-                wanted = set(_ALL_TAGS) if tags is None else set(tags)
-                to_wake = wanted & self.executor_tags
+                wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
+                # Executor.wake_up is all or nothing: one tag that is not asleep makes the call a no-op.
+                to_wake = wanted if wanted <= self.executor_tags else set()
                 if to_wake:
                     await asyncio.sleep(self.settings.wake_seconds)
                     self.executor_tags -= to_wake

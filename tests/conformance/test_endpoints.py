@@ -52,7 +52,7 @@ async def test_detokenize_inverts_tokenize(vllm: VllmApi) -> None:
     tokens = (await vllm.call("POST", "/tokenize", json_body={"prompt": "hello world"})).body["tokens"]
     answer = await vllm.call("POST", "/detokenize", json_body={"tokens": tokens})
     assert answer.status == 200
-    assert answer.body["prompt"].strip() == "hello world"
+    assert answer.body["prompt"].endswith("hello world")  # a real tokenizer may prepend BOS
 
 
 async def test_openapi_lists_the_lifecycle_paths(vllm: VllmApi) -> None:

@@ -77,3 +77,11 @@ async def test_stop_strings_cut_the_text(sim: Sim) -> None:
     assert choice["finish_reason"] == "stop"
     assert word not in choice["text"]
     assert full.startswith(choice["text"])
+
+
+async def test_a_wake_naming_a_tag_that_is_awake_wakes_nothing(sim: Sim) -> None:
+    await sim.api.sleep(1)
+    await sim.api.wake("weights")
+    answer = await sim.api.wake("weights", "kv_cache")
+    assert (answer.status, answer.body["status"]) == (200, "sleeping")
+    assert (await sim.state())["asleep_tags"] == ["kv_cache"]
