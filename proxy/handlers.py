@@ -130,8 +130,13 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 async def _lifecycle(request: web.Request, op: str) -> web.Response:
     app = request.app
     body = await request.read()
-    call = parse_call(op, request.query.items(), body)
-    _check_admin(request, app[SETTINGS])
+    try:
+        _check_admin(request, app[SETTINGS])
+        call = parse_call(op, request.query.items(), body)
+    except LifeguardError as exc:
+        # Refused before the coordinator sees it; still an operation outcome users want on the dashboard.
+        app[METRICS].operation_finished(op, "invalid" if exc.status == 400 else "unauthorized", 0.0)
+        raise
     result = await app[COORDINATOR].submit(call)
     response = web.Response(status=result.status, body=result.body, headers=result.headers)
     if result.content_type:
@@ -143,13 +148,16 @@ async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
     app = request.app
     metrics = app[METRICS]
     outcome = "forwarded"
+    started = time.monotonic()
     try:
         ticket = await app[GATE].admit()
     except LifeguardError as exc:
         metrics.inference_finished(exc.reason if exc.reason in _GATE_OUTCOMES else "engine_unavailable")
+        _log_not_forwarded(request, exc.reason, started)
         raise
     except BaseException:
         metrics.inference_finished("client_gone")
+        _log_not_forwarded(request, "client_gone", started)
         raise
     try:
         extra = _STALE_HEADER if app[COORDINATOR].weights_stale else None
@@ -166,6 +174,20 @@ async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
     finally:
         ticket.done()
         metrics.inference_finished(outcome)
+
+
+def _log_not_forwarded(request: web.Request, reason: str, started: float) -> None:
+    log.info(
+        "request not forwarded: %s",
+        reason,
+        extra={
+            "event": "hold_ended",
+            "reason": reason,
+            "path": request.path,
+            "held_s": round(time.monotonic() - started, 4),
+            "request_id": request.headers.get("X-Request-Id"),
+        },
+    )
 
 
 _GATE_OUTCOMES = frozenset(

@@ -108,11 +108,21 @@ class EngineRecord:
         if obs.sleeping is False and not obs.paused:
             self.asleep_tags, self.sleep_level, self.user_pause = frozenset(), None, None
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
-        elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING):
-            self.user_pause = self.user_pause or "abort"
-            self.settle(State.PAUSED)
+        elif obs.metric_awake is False and obs.metric_level is not None:
+            if self.sleep_level != obs.metric_level or not self.asleep_tags:
+                self.sleep_level = obs.metric_level
+                self.asleep_tags = asleep_tags_for(obs.metric_level)
+            self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
+        elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING) or obs.metric_awake:
+            # The gauge says awake after a partial wake too, so "awake" only overrides a non-sleep hint.
+            if hint in (State.SLEEPING, State.WAKING, State.FALLING_ASLEEP) and self.asleep_tags:
+                self.settle(State.SLEEPING)
+                return
+            self.user_pause = self.user_pause or "abort"
+            self.asleep_tags, self.sleep_level = frozenset(), None
+            self.settle(State.PAUSED)
         else:
             if not self.asleep_tags:
                 self.sleep_level = self.sleep_level if self.sleep_level is not None else 1
@@ -142,7 +152,9 @@ class EngineRecord:
             return
         expected = (False, False) if state is State.RUNNING else (True, True)
         seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
-        if seen != expected:
+        # The flags cannot tell a sleep from a pause; vLLM's sleep-state gauge can, one way round.
+        slept_while_paused = state is State.PAUSED and obs.metric_awake is False
+        if seen != expected or slept_while_paused:
             before = state.value
             self.adopt(obs, hint=state)
             event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}

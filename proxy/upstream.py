@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,26 @@ class Reply:
         return self.body.decode(errors="replace")[:500]
 
 
+_SLEEP_STATE = re.compile(rb'^vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"[^}]*\} ([0-9.eE+-]+)', re.M)
+
+
+def parse_sleep_state(metrics_text: bytes) -> tuple[bool | None, int | None]:
+    """(awake, level) from vLLM's `vllm:engine_sleep_state` gauge; (None, None) when absent.
+
+    The gauge reads awake after any wake call, partial ones included, so `awake` only means "not
+    asleep by the last sleep/wake call vLLM recorded"."""
+    values = {name.decode(): float(value) for name, value in _SLEEP_STATE.findall(metrics_text)}
+    if not values:
+        return None, None
+    if values.get("awake", 0) >= 1:
+        return True, None
+    if values.get("discard_all", 0) >= 1:
+        return False, 2
+    if values.get("weights_offloaded", 0) >= 1:
+        return False, 1
+    return False, 0
+
+
 @dataclass(frozen=True)
 class Observation:
     """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out."""
@@ -52,6 +73,10 @@ class Observation:
     sleeping: bool | None = None
     paused: bool | None = None
     error: str | None = None
+    # From vllm:engine_sleep_state: the sleep level vLLM last recorded, 0 for awake... or None when
+    # unknown. It tells a sleep from a mere pause, which the two flags cannot (both are true in both).
+    metric_level: int | None = None
+    metric_awake: bool | None = None
 
 
 class VllmClient:
@@ -132,4 +157,16 @@ class VllmClient:
             return Observation(reachable=False, error=exc.message)
         except UpstreamBadStatus as exc:
             return Observation(reachable=True, healthy=False, error=exc.message)
-        return Observation(reachable=True, healthy=True, sleeping=sleeping, paused=paused)
+        awake, level = None, None
+        if sleeping:
+            awake, level = await self.sleep_state()
+        return Observation(
+            reachable=True, healthy=True, sleeping=sleeping, paused=paused, metric_awake=awake, metric_level=level
+        )
+
+    async def sleep_state(self) -> tuple[bool | None, int | None]:
+        try:
+            reply = await self.call("GET", "/metrics")
+        except (UpstreamUnreachable, UpstreamTimeout):
+            return None, None
+        return parse_sleep_state(reply.body) if reply.status == 200 else (None, None)
