@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 import subprocess
@@ -107,7 +108,7 @@ def test_every_copied_source_exists_and_is_in_the_build_context() -> None:
 
 def test_hadolint_is_clean() -> None:
     hadolint = ROOT / ".venv" / "bin" / "hadolint"
-    if not hadolint.exists():
+    if not hadolint.exists() and os.environ.get("CHECK_DEPLOY") != "1":
         pytest.skip("hadolint not installed (scripts/check-deploy.sh installs it)")
     result = subprocess.run([str(hadolint), str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
