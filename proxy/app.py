@@ -34,6 +34,7 @@ from .handlers import (
     state,
 )
 from .metrics import Metrics
+from .policies import Policies
 from .probes import Verifier
 from .reconcile import reconcile_loop
 from .routes import LIFECYCLE_PATHS
@@ -100,32 +101,28 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
             on_check=metrics.verification,
             on_memory=lambda reading: _report_memory(metrics, reading),
         )
-        coordinator_box: list[LifecycleCoordinator] = []
+        policies_box: list[Policies] = []
         gate = RequestGate(
             max_held=settings.max_held_requests,
             hold_timeout_s=settings.hold_timeout_s,
             on_hold_ended=metrics.hold_finished,
             on_counts=lambda held, inflight: _report_counts(metrics, held, inflight),
-            on_held_while_sleeping=lambda: _wake_on_request(settings, coordinator_box),
+            on_held_while_sleeping=lambda: policies_box[0].request_held_while_sleeping(),
         )
         coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics)
-        coordinator_box.append(coordinator)
+        policies = Policies(settings, coordinator, gate, metrics)
+        policies_box.append(policies)
         app[GATE] = gate
         app[COORDINATOR] = coordinator
         app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
         stop = asyncio.Event()
-        loop_task = spawn(reconcile_loop(coordinator, settings.reconcile_interval_s, stop), name="reconcile")
+        loop_task = spawn(reconcile_loop(coordinator, policies, settings.reconcile_interval_s, stop), name="reconcile")
         yield
         stop.set()
         await loop_task
         await session.close()
 
     return context
-
-
-def _wake_on_request(settings: Settings, box: list[LifecycleCoordinator]) -> None:
-    if settings.on_sleeping == "wake" and box:
-        box[0].wake_on_request()
 
 
 def _report_counts(metrics: Metrics, held: int, inflight: int) -> None:

@@ -44,14 +44,6 @@ from .upstream import Reply, VllmClient
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
 
-_OUTCOME_OF = {
-    "bad_parameter": "invalid",
-    "lifecycle_busy": "busy",
-    "verification_failed": "verification_failed",
-    "unauthorized": "unauthorized",
-    "forbidden": "unauthorized",
-}
-
 
 @dataclass
 class OpResult:
@@ -169,10 +161,8 @@ class LifecycleCoordinator:
             outcome = result.outcome
             return result
         except LifeguardError as exc:
-            outcome = _OUTCOME_OF.get(exc.reason, "refused" if exc.status in (409, 503) else "upstream_error")
-            if isinstance(exc, UpstreamError):
-                outcome = "upstream_error"
-                upstream_status = getattr(exc, "upstream_status", None)
+            outcome = _outcome_of(exc)
+            upstream_status = getattr(exc, "upstream_status", None)
             if isinstance(exc, (UpstreamError, VerificationFailed)):
                 self.record.error(exc.reason, exc.message)
             raise
@@ -271,11 +261,8 @@ class LifecycleCoordinator:
             self._verifier.note_awake(verdict.memory)
         if self.record.user_pause is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
-            await self._upstream(
-                LifecycleCall("pause", (("mode", self.record.user_pause),), mode=self.record.user_pause),
-                "/pause",
-                hint=State.PAUSED,
-            )
+            mode = self.record.user_pause
+            await self._upstream(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
             repaused = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
             if repaused.failed is not None:
                 self._caught_lie(call, repaused, hint=State.PAUSED)
@@ -416,35 +403,6 @@ class LifecycleCoordinator:
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
 
-    # ----- policies that start lifecycle calls themselves
-    def wake_on_request(self) -> None:
-        """Policy on_sleeping=wake: one wake for however many requests arrive while asleep."""
-        if self.state is not State.SLEEPING or self.record.weights_stale == "discarded":
-            return
-        self._metrics.policy_action("wake_on_request")
-        spawn(self._quietly(LifecycleCall("wake_up")), name="policy:wake_on_request")
-
-    def maybe_idle_sleep(self, now: float) -> None:
-        after = self._settings.idle_sleep_after_s
-        if after is None or self.state is not State.RUNNING or self.busy:
-            return
-        if self._gate.inflight or self._gate.held or now - self._gate.last_activity < after:
-            return
-        level = self._settings.idle_sleep_level
-        self._metrics.policy_action("idle_sleep")
-        spawn(
-            self._quietly(
-                LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
-            ),
-            name="policy:idle_sleep",
-        )
-
-    async def _quietly(self, call: LifecycleCall) -> None:
-        try:
-            await self.submit(call)
-        except LifeguardError as exc:
-            log.warning("policy %s failed: %s", call.op, exc.message, extra={"event": "policy", "reason": exc.reason})
-
     def close(self) -> None:
         self._gate.close()
 
@@ -460,7 +418,7 @@ class LifecycleCoordinator:
 def _reply_result(reply: Reply, verdict: Verdict | None, headers: dict[str, str] | None = None) -> OpResult:
     extra = dict(headers or {})
     if verdict is not None:
-        extra["X-Lifeguard-Verified"] = ",".join(f"{c.name}={c.result}" for c in verdict.checks)
+        extra["X-Lifeguard-Verified"] = _summary(verdict)
     return OpResult(reply.status, reply.body, reply.content_type, extra)
 
 
@@ -470,6 +428,16 @@ def _json_ct(call: LifecycleCall) -> dict[str, str] | None:
 
 def _summary(verdict: Verdict) -> str:
     return ",".join(f"{c.name}={c.result}" for c in verdict.checks)
+
+
+def _outcome_of(error: LifeguardError) -> str:
+    if isinstance(error, LifecycleBusy):
+        return "busy"
+    if isinstance(error, VerificationFailed):
+        return "verification_failed"
+    if isinstance(error, UpstreamError):
+        return "upstream_error"
+    return "refused"
 
 
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:

@@ -12,6 +12,7 @@ import logging
 import time
 
 from .coordinator import LifecycleCoordinator
+from .policies import Policies
 from .states import State
 
 log = logging.getLogger("lifeguard.reconcile")
@@ -19,11 +20,13 @@ log = logging.getLogger("lifeguard.reconcile")
 _FAST_POLL_S = 0.25
 
 
-async def reconcile_loop(coordinator: LifecycleCoordinator, interval_s: float, stop: asyncio.Event) -> None:
+async def reconcile_loop(
+    coordinator: LifecycleCoordinator, policies: Policies, interval_s: float, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         try:
             await coordinator.reconcile()
-            coordinator.maybe_idle_sleep(time.monotonic())
+            policies.tick(time.monotonic())
         except Exception:  # the loop must outlive any single bad round
             log.exception("reconcile round failed")
         pause = min(interval_s, _FAST_POLL_S) if coordinator.state in (State.STARTING, State.FAILED) else interval_s
