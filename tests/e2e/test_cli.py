@@ -1,0 +1,77 @@
+"""The command line as a user runs it: a real process, a real signal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+BIN = Path(sys.executable).with_name("vllm-lifeguard")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_running(base: str, proc: asyncio.subprocess.Process, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            assert proc.returncode is None, "the proxy exited"
+            try:
+                async with session.get(f"{base}/lifeguard/state") as resp:
+                    if (await resp.json())["state"] == "RUNNING":
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("the proxy never reported RUNNING")
+
+
+async def test_a_bad_setting_stops_the_start_with_a_message_naming_it() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN), "serve", "--upstream", "localhost:8000", stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 2
+    assert b"upstream" in err and b"http://" in err
+
+
+async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "LIFEGUARD_PORT": str(port), "LIFEGUARD_GPU_PROBE": "none"}
+    log = (tmp_path / "log").open("wb")
+    proc = await asyncio.create_subprocess_exec(str(BIN), "serve", stdout=log, stderr=log, env=env)
+    try:
+        await wait_running(base, proc)
+        async with aiohttp.ClientSession() as session:
+            assert (await session.post(f"{base}/sleep")).status == 200
+            held = asyncio.ensure_future(
+                session.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+            )
+            for _ in range(500):
+                state = await (await session.get(f"{base}/lifeguard/state")).json()
+                if state["held_requests"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            resp = await asyncio.wait_for(held, 10)
+            assert resp.status == 503
+            assert resp.headers["X-Lifeguard-Reason"] == "shutting_down"
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        log.close()
+    text = (tmp_path / "log").read_text()
+    assert "embedded vLLM simulator" in text
