@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     canary_prompt: str = "The capital of France is"
     canary_timeout_s: float = Field(default=30.0, gt=0)
     canary_max_logprob_drift: float = Field(default=2.0, gt=0)
+    # vLLM checks --api-key on /v1 routes only; the canary and model lookup are /v1 calls of our own.
+    upstream_api_key: SecretStr | None = None
 
     # --- between calls
     reconcile_interval_s: float = Field(default=2.0, gt=0)

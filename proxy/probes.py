@@ -213,8 +213,10 @@ class Verifier:
         return Check("canary", "pass", f"matches golden (logprob drift {drift:.3f})", answer.__dict__)
 
     async def _canary(self) -> CanaryAnswer:
+        key = self._settings.upstream_api_key
+        auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
         if self._model is None:
-            models = (await self._client.call("GET", "/v1/models")).json()
+            models = (await self._client.call("GET", "/v1/models", headers=auth)).json()
             self._model = str(models["data"][0]["id"])
         payload = {
             "model": self._model,
@@ -224,7 +226,7 @@ class Verifier:
             "logprobs": 1,
         }
         reply = await self._client.call(
-            "POST", "/v1/completions", json_body=payload, timeout_s=self._settings.canary_timeout_s
+            "POST", "/v1/completions", json_body=payload, timeout_s=self._settings.canary_timeout_s, headers=auth
         )
         if reply.status != 200:
             raise ValueError(f"status {reply.status}: {reply.message()}")
