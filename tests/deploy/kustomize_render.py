@@ -145,9 +145,9 @@ def _config_map(directory: Path, generator: dict[str, Any]) -> Resource:
         name, _, path = source.rpartition("=")
         data[name or Path(path).name] = (directory / path).read_text()
     metadata: dict[str, Any] = {"name": generator["name"]}
-    labels = generator.get("options", {}).get("labels")
-    if labels:
-        metadata["labels"] = dict(labels)
+    for key in ("labels", "annotations"):
+        if generator.get("options", {}).get(key):
+            metadata[key] = dict(generator["options"][key])
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
 

@@ -90,6 +90,13 @@ def test_the_grafana_component_points_at_the_shared_dashboard_file() -> None:
     config_map = find(rendered, "ConfigMap", "vllm-lifeguard-dashboard")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["lifeguard-dashboard.json"]) == dashboard
+    plain = ROOT / "deploy" / "grafana" / "configmap.yaml"
+    if plain.is_file():  # the kubectl-apply variant: the same object
+        expected = yaml.safe_load(plain.read_text())
+        assert config_map["metadata"]["name"] == expected["metadata"]["name"]
+        assert config_map["metadata"]["labels"] == expected["metadata"]["labels"]
+        assert config_map["metadata"].get("annotations") == expected["metadata"].get("annotations")
+        assert json.loads(expected["data"]["lifeguard-dashboard.json"]) == dashboard
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -312,3 +319,22 @@ def test_overlays_use_plain_strategic_merge_patches_on_the_base() -> None:
             assert set(patch) == {"path"}, "plain strategic-merge patch files only"
             body = yaml.safe_load((overlay / patch["path"]).read_text())
             find(build(BASE), body["kind"], body["metadata"]["name"])  # targets a base resource
+
+
+def test_the_readme_pod_example_is_a_valid_pod_spec() -> None:
+    """The README's "Put it in your pod" snippet: a pod spec with the same wiring as the manifests."""
+    readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").is_file() else ""
+    match = re.search(r"## Put it in your pod.*?```yaml\n(.*?)```", readme, re.DOTALL)
+    if not match:
+        pytest.skip("README.md has no 'Put it in your pod' section yet")
+    spec = yaml.safe_load(match.group(1).replace("<your-registry>", "registry.example.com"))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example"}, "spec": spec}
+    kubernetes_validate = _kubernetes_validate()
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+    lifeguard, vllm = _container(spec, "lifeguard"), _container(spec, "vllm")
+    assert lifeguard["restartPolicy"] == "Always" and lifeguard in spec["initContainers"]
+    assert vllm["args"][vllm["args"].index("--host") + 1] == "127.0.0.1"
+    assert _env(lifeguard)["LIFEGUARD_UPSTREAM"]["value"].endswith(vllm["args"][vllm["args"].index("--port") + 1])
+    assert lifeguard["readinessProbe"]["httpGet"]["path"] == "/lifeguard/readyz"
+    assert lifeguard["livenessProbe"]["httpGet"]["path"] == "/lifeguard/healthz"

@@ -68,15 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-reporter: pynvml not installed; no GPU memory for the sidecar", file=sys.stderr)
         return 1
     initialised = False
+    last_error = None
     while True:
         try:
             if not initialised:
                 nvml.nvmlInit()
                 initialised = True
             write_atomically(args.path, snapshot(nvml))
+            last_error = None
         except nvml.NVMLError as error:
             remove(args.path)
-            print(f"gpu-reporter: NVML error: {error}", file=sys.stderr)
+            if str(error) != last_error:  # once per distinct error, not every retry
+                print(f"gpu-reporter: NVML error, retrying every 5 s: {error}", file=sys.stderr, flush=True)
+                last_error = str(error)
             initialised = False
             if args.once:
                 return 1
