@@ -1,0 +1,158 @@
+"""The reconcile loop between lifecycle calls: drift is adopted and recorded, a lost engine fails the
+proxy (new requests refused, held ones keep waiting), and an engine that comes back is trusted again
+only with its weights marked stale until a finished weight update.
+
+Drift is made by calling the simulator directly, bypassing the proxy, as an operator with kubectl
+port-forward would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from .conftest import Stack
+
+
+def _background(stack: Stack) -> asyncio.Task[ClientResponse]:
+    async def post() -> ClientResponse:
+        resp: ClientResponse = await stack.completion()
+        await resp.read()
+        return resp
+
+    return asyncio.ensure_future(post())
+
+
+async def _engine(stack: Stack, aiohttp_client: Any) -> TestClient:
+    """A client straight to the simulator: calls made with it are behind the proxy's back."""
+    client: TestClient = await aiohttp_client(stack.sim_server)
+    return client
+
+
+async def test_a_sleep_called_behind_our_back_is_adopted_as_drift_and_recorded(make_stack, aiohttp_client):
+    stack = await make_stack()
+    engine = await _engine(stack, aiohttp_client)
+
+    assert (await engine.post("/sleep?level=1")).status == 200
+
+    snapshot = await stack.wait_state("SLEEPING", timeout=5 * stack.settings.reconcile_interval_s + 1)
+    (event,) = snapshot["drift_events"]
+    assert event["before"] == "RUNNING" and event["after"] == "SLEEPING"
+    assert event["observed"] == [True, True]
+    held = _background(stack)  # the proxy now holds inference instead of queueing it on a sleeping vLLM
+    await stack.wait_held(1)
+    assert stack.sim_count("generate") == 0
+
+    assert (await engine.post("/wake_up")).status == 200
+
+    snapshot = await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 1)
+    assert [(e["before"], e["after"]) for e in snapshot["drift_events"]] == [
+        ("RUNNING", "SLEEPING"),
+        ("SLEEPING", "RUNNING"),
+    ]
+    assert (await held).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_pause_called_behind_our_back_is_adopted_as_paused(make_stack, aiohttp_client):
+    stack = await make_stack()
+    engine = await _engine(stack, aiohttp_client)
+
+    assert (await engine.post("/pause?mode=keep")).status == 200
+
+    snapshot = await stack.wait_state("PAUSED", timeout=5 * stack.settings.reconcile_interval_s + 1)
+    assert snapshot["drift_events"][-1]["after"] == "PAUSED"
+    resume = await stack.client.post("/resume")
+    assert resume.status == 200 and stack.sim.state_dict()["paused"] is False
+    assert (await stack.state())["state"] == "RUNNING"
+    assert stack.sim.violations == []
+
+
+async def test_a_slow_pause_is_never_mistaken_for_drift(make_stack):
+    stack = await make_stack()
+    # For three reconcile intervals vLLM still says running while we are PAUSING: a loop that read the
+    # flags during the call would adopt RUNNING and record drift.
+    stack.faults("pause:slow:0.6")
+
+    assert (await stack.client.post("/pause")).status == 200
+
+    snapshot = await stack.state()
+    assert snapshot["drift_events"] == []
+    assert [t["to"] for t in snapshot["transitions"]][-3:] == ["RUNNING", "PAUSING", "PAUSED"]
+
+
+def _kill(how: str) -> Callable[[Stack], None]:
+    def kill(stack: Stack) -> None:
+        if how == "exit":
+            stack.sim.die("test: the process exited")  # connections reset, then refused
+        else:
+            stack.sim.errored = True  # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: the server lingers with /health 503
+
+    return kill
+
+
+@pytest.mark.parametrize("how", ["exit", "health_503"])
+async def test_a_lost_engine_fails_new_requests_keeps_held_ones_and_comes_back_with_stale_weights(make_stack, how):
+    stack = await make_stack()
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    held = _background(stack)
+    await stack.wait_held(1)
+
+    _kill(how)(stack)
+
+    snapshot = await stack.wait_state("FAILED")
+    assert snapshot["last_error"]["reason"] == "engine_unreachable"
+    refused = await stack.completion()
+    assert refused.status == 503
+    assert (await refused.json())["error"]["reason"] == "engine_unavailable"
+    assert (await stack.client.get("/lifeguard/readyz")).status == 503
+    assert (await stack.state())["held_requests"] == 1 and not held.done()  # held ones keep their deadline
+
+    stack.sim.restart()
+
+    snapshot = await stack.wait_state("RUNNING")
+    assert snapshot["weights_stale"] is True and snapshot["weights_stale_reason"] == "restarted"
+    assert snapshot["sleep_level"] is None and snapshot["asleep_tags"] == []
+    released = await held
+    assert released.status == 200
+    assert released.headers["X-Lifeguard-Weights-Stale"] == "true"
+    await _finish_a_weight_update(stack)
+    assert (await stack.state())["weights_stale"] is False
+    fresh = await stack.completion()
+    assert fresh.status == 200 and "X-Lifeguard-Weights-Stale" not in fresh.headers
+    assert stack.sim.violations == []
+
+
+async def test_hold_while_weights_stale_holds_inference_until_the_weight_update_finishes(make_stack):
+    stack = await make_stack(hold_while_weights_stale=True)
+    stack.sim.die("test: the process exited")
+    await stack.wait_state("FAILED")
+    stack.sim.restart()
+    snapshot = await stack.wait_state("RUNNING")
+    assert snapshot["weights_stale"] is True
+
+    held = _background(stack)
+    await stack.wait_held(1)
+    assert (await stack.client.post("/start_weight_update")).status == 200
+    assert (await stack.client.post("/update_weights", json={"update_info": {}})).status == 200
+    assert (await stack.state())["held_requests"] == 1 and stack.sim_count("generate") == 0
+    finish = await stack.client.post("/finish_weight_update", json={"weight_version": "step-1"})
+
+    assert finish.status == 200
+    resp = await held
+    assert resp.status == 200 and "X-Lifeguard-Weights-Stale" not in resp.headers
+    snapshot = await stack.state()
+    assert snapshot["state"] == "RUNNING" and snapshot["weights_stale"] is False
+    assert stack.sim.state_dict()["weight_version"] == "step-1"
+    assert stack.sim.violations == []
+
+
+async def _finish_a_weight_update(stack: Stack) -> None:
+    assert (await stack.client.post("/start_weight_update")).status == 200
+    assert (await stack.client.post("/update_weights", json={"update_info": {}})).status == 200
+    assert (await stack.client.post("/finish_weight_update", json={"weight_version": "step-1"})).status == 200
