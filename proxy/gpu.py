@@ -68,6 +68,8 @@ class FileReader:
     async def read(self) -> GpuReading:
         try:
             payload = json.loads(await asyncio.to_thread(self._path.read_text))
+            if not isinstance(payload, dict):
+                raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
             devices = tuple(
                 DeviceMemory(str(d.get("uuid", d.get("index"))), int(d["used_bytes"]), int(d["total_bytes"]))
                 for d in payload.get("devices", [])
@@ -84,6 +86,7 @@ class NvmlReader:
     devices: tuple[str, ...] = ()
     _handles: list[tuple[str, Any]] | None = field(default=None, init=False, repr=False)
     _failed: str | None = field(default=None, init=False, repr=False)
+    _initialised: bool = field(default=False, init=False, repr=False)
 
     async def read(self) -> GpuReading:
         return await asyncio.to_thread(self._read_blocking)
@@ -96,9 +99,14 @@ class NvmlReader:
         if self._failed is not None:
             return GpuReading(unavailable=self._failed)
         try:
+            if not self._initialised:
+                pynvml.nvmlInit()  # reference-counted by NVML: once per process is enough
+                self._initialised = True
             if self._handles is None:
-                pynvml.nvmlInit()
                 self._handles = self._resolve(pynvml)
+            if not self._handles:
+                self._handles = None  # a GPU may be attached later (device plugin): look again next time
+                return GpuReading(unavailable="NVML sees no GPU")
             devices = []
             for name, handle in self._handles:
                 info = pynvml.nvmlDeviceGetMemoryInfo(handle)
