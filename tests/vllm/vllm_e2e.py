@@ -182,6 +182,13 @@ class StreamReader:
         return "".join(out)
 
     @property
+    def completion_tokens(self) -> int | None:
+        """From the usage chunk (``stream_options.include_usage``): vLLM may pack several tokens into
+        one chunk when the reader lags, so counting chunks undercounts."""
+        usages = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
+        return int(usages[-1]["completion_tokens"]) if usages else None
+
+    @property
     def errors(self) -> list[Any]:
         return [e for e in self.events if isinstance(e, dict) and "error" in e]
 
@@ -210,6 +217,7 @@ def long_stream_body(max_tokens: int = LONG) -> dict[str, Any]:
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `make test-vllm`: the end-to-end suite against a real vLLM-for-CPU (docs/real-vllm.md).
+#
+#   1. scripts/vllm/setup-vllm.sh: the vLLM venv + tiny model in the user cache (~3 min once, then instant);
+#   2. tests/vllm through the proxy: one vLLM per pytest session (plus one restart for engine death);
+#   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
+#
+# Exits non-zero if either suite fails. Logs (vLLM, proxies) go to $LIFEGUARD_VLLM_LOG_DIR
+# (default: a fresh temp dir, printed at the end). Extra args are passed to the tests/vllm pytest run.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BIN=${VENV:-.venv}/bin
+t0=$SECONDS
+log() { echo "[test-vllm $(date +%T)] $*" >&2; }
+
+setup_env=$(bash scripts/vllm/setup-vllm.sh) || { log "setup-vllm.sh failed"; exit 1; }
+eval "$setup_env"
+export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
+export LIFEGUARD_VLLM_LOG_DIR=${LIFEGUARD_VLLM_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lifeguard-vllm.XXXXXX")}
+mkdir -p "$LIFEGUARD_VLLM_LOG_DIR"
+t_setup=$((SECONDS - t0))
+
+log "tests/vllm (through the proxy)"
+t1=$SECONDS
+"$BIN/pytest" -m vllm tests/vllm -q -rfEs "$@"
+rc_e2e=$?
+t_e2e=$((SECONDS - t1))
+
+rc_conf=0
+t_conf=0
+if compgen -G "tests/conformance/test_*.py" >/dev/null; then
+  log "tests/conformance against a real vLLM"
+  t2=$SECONDS
+  out=$LIFEGUARD_VLLM_LOG_DIR/conformance-launcher.out
+  "$BIN/python" scripts/vllm/vllm_server.py --log "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >"$out" &
+  launcher=$!
+  stop_launcher() {
+    if kill -0 "$launcher" 2>/dev/null; then
+      kill -TERM "$launcher"
+      wait "$launcher" 2>/dev/null
+    fi
+  }
+  trap stop_launcher EXIT
+  url=
+  deadline=$((SECONDS + 300))
+  while [[ -z $url ]]; do
+    url=$(sed -n 's/^CONFORMANCE_ENGINE_URL=//p' "$out")
+    [[ -n $url ]] && break
+    if ! kill -0 "$launcher" 2>/dev/null || ((SECONDS > deadline)); then
+      log "vLLM for the conformance suite did not come up"
+      tail -30 "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >&2
+      rc_conf=1
+      break
+    fi
+    sleep 0.5
+  done
+  if [[ -n $url ]]; then
+    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEs
+    rc_conf=$?
+  fi
+  stop_launcher
+  trap - EXIT
+  t_conf=$((SECONDS - t2))
+else
+  log "tests/conformance has no tests yet: skipped"
+fi
+
+log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
+log "logs in $LIFEGUARD_VLLM_LOG_DIR"
+((rc_e2e == 0 && rc_conf == 0))
