@@ -61,7 +61,7 @@ class Verdict:
             "passed": self.failed is None,
             "at": self.at,
             "seconds": round(self.seconds, 4),
-            "checks": [c.__dict__ for c in self.checks],
+            "checks": [_json_safe(c.__dict__) for c in self.checks],
         }
 
 
@@ -129,7 +129,9 @@ class Verifier:
             obs = await self._client.observe()
             verdict.observation = obs
             problem = _flag_problem(obs, expect)
-            if problem is None or time.monotonic() >= deadline or not obs.reachable:
+            # vLLM's /health is 503 only after EngineDeadError, which never clears: no use polling on.
+            gone = not obs.reachable or (not obs.healthy and obs.error is None)
+            if problem is None or time.monotonic() >= deadline or gone:
                 break
             await asyncio.sleep(self._settings.verify_poll_interval_s)
         health = Check("health", "pass" if obs.healthy else "fail", "healthy" if obs.healthy else _dead(obs))
@@ -183,7 +185,9 @@ class Verifier:
                     f"at least {s.wake_min_restored_fraction:.0%} expected"
                 )
             return None
-        grown = used - (before.used_bytes if before is not None and before.available else used)
+        if before is None or not before.available:
+            return "unknown: no memory reading from before the wake"
+        grown = used - before.used_bytes
         if grown < s.weights_wake_min_fraction * footprint:
             return f"waking the weights added only {_gib(max(grown, 0))}; the weights did not come back"
         return None
@@ -247,6 +251,17 @@ def _flag_problem(obs: Observation, expect: Expectation) -> str | None:
 
 def _dead(obs: Observation) -> str:
     return "engine unreachable" + (f": {obs.error}" if obs.error else "") if not obs.reachable else "/health is not 200"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities (a garbage canary's logprob) are not JSON; /lifeguard/state must stay parseable."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _gib(n: int) -> str:
