@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
     control_call_timeout_s: float = Field(default=10.0, gt=0)
     weight_reload_rpc_methods: Annotated[tuple[str, ...], NoDecode] = ("reload_weights",)
+    weight_update_rpc_methods: Annotated[tuple[str, ...], NoDecode] = (
+        "update_weights_nccl",
+        "update_weights_ipc",
+        "skyrl_start_weight_update",
+        "skyrl_finish_weight_update",
+    )
     admin_token: SecretStr | None = None
 
     # --- verification after every lifecycle 200
@@ -95,7 +101,7 @@ class Settings(BaseSettings):
             return value
         raise ValueError(f"must be nvml, none or file:PATH (got {value!r})")
 
-    @field_validator("gpu_devices", "weight_reload_rpc_methods", mode="before")
+    @field_validator("gpu_devices", "weight_reload_rpc_methods", "weight_update_rpc_methods", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -72,6 +72,7 @@ class LifecycleCoordinator:
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
         self.record = EngineRecord(metrics, self._refresh_gate)
+        self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self._refresh_gate()
 
     @property
@@ -188,7 +189,7 @@ class LifecycleCoordinator:
             )
 
     async def _execute(self, call: LifecycleCall) -> OpResult:
-        decision = judge(call, self.record.view())
+        decision = judge(call, self.record.view(), self._weight_rpc_methods)
         if isinstance(decision, Refuse):
             raise decision.error
         if isinstance(decision, Noop):

@@ -133,7 +133,10 @@ class EngineRecord:
         """One round of the reconcile loop: engine lost, engine back, or drift."""
         state = self.state
         if not obs.reachable or not obs.healthy:
-            if state is not State.FAILED:
+            if state is State.STARTING:
+                # A sidecar starts before vLLM has loaded its model: not a failure, requests are held.
+                self.error("engine_starting", obs.error or "/health is not 200 yet")
+            elif state is not State.FAILED:
                 self.set_failed("unreachable", obs.error or "/health is not 200")
             else:
                 self.failure_kind = "unreachable"

@@ -69,7 +69,8 @@ def wake_targets(call: LifecycleCall, view: EngineView) -> frozenset[str]:
     return wanted & view.asleep_tags
 
 
-def judge(call: LifecycleCall, view: EngineView) -> Decision:
+def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[str] = frozenset()) -> Decision:
+    """`weight_rpc_methods`: the /collective_rpc methods that read or write the weights."""
     state = view.state
     if state in (State.STARTING, State.FAILED):
         return Refuse(EngineUnavailable(f"the engine is not available (state {state.value})"))
@@ -122,7 +123,10 @@ def judge(call: LifecycleCall, view: EngineView) -> Decision:
                 reason="weight_update_active",
             )
         )
-    if op in ("start_weight_update", "update_weights") and "weights" in view.asleep_tags:
+    touches_weights = op in ("start_weight_update", "update_weights") or (
+        op == "collective_rpc" and call.rpc_method in weight_rpc_methods
+    )
+    if touches_weights and "weights" in view.asleep_tags:
         return Refuse(
             InvalidTransition(
                 "the weights are asleep; wake them (/wake_up?tags=weights) before updating them",

@@ -189,7 +189,7 @@ async def test_proxy_routes_answer_without_the_engine(aiohttp_client: Any, unuse
     ready = await proxy_client.get("/lifeguard/readyz")
     assert ready.status == 503  # never seen the engine up: not ready yet
     state = await (await proxy_client.get("/lifeguard/state")).json()
-    assert state["state"] in ("STARTING", "FAILED")
+    assert state["state"] == "STARTING"
     metrics = await proxy_client.get("/lifeguard/metrics")
     assert "lifeguard_state" in await metrics.text()
 
@@ -201,4 +201,4 @@ async def test_an_inference_request_to_an_engine_never_seen_up_is_held_not_forwa
     proxy_client = await aiohttp_client(create_app(settings))
     resp = await proxy_client.post("/v1/completions", json={})
     assert resp.status == 503
-    assert resp.headers["X-Lifeguard-Reason"] in ("hold_timeout", "engine_unavailable")
+    assert resp.headers["X-Lifeguard-Reason"] == "hold_timeout"  # a sidecar starts before vLLM: hold

@@ -104,3 +104,13 @@ def test_inference_is_forwarded_only_in_running_with_valid_weights() -> None:
     assert adm(EngineView(State.RUNNING, weights_stale="discarded")) is Admission.HOLD
     assert adm(EngineView(State.RUNNING, weights_stale="restarted")) is Admission.FORWARD
     assert adm(EngineView(State.RUNNING, weights_stale="restarted"), hold_restarted=True) is Admission.HOLD
+
+
+def test_weight_writing_rpcs_are_refused_while_the_weights_are_asleep() -> None:
+    methods = frozenset({"reload_weights", "update_weights_nccl"})
+    for method in methods:
+        rpc = call("collective_rpc", body=b'{"method": "%s"}' % method.encode())
+        assert reason(judge(rpc, ASLEEP_1, methods)) == "weights_asleep"
+        assert isinstance(judge(rpc, KV_ONLY, methods), Run)
+    other = call("collective_rpc", body=b'{"method": "echo"}')
+    assert isinstance(judge(other, ASLEEP_1, methods), Run)
