@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Prove the proxy's physical (NVML) check on a real GPU, in well under 3 minutes.
+#
+# Starts scripts/gpu_memory_engine.py (vLLM's lifecycle routes over real torch allocations: weights and
+# a KV pool of a few GiB each), runs `vllm-lifeguard serve --gpu-probe nvml` in front of it, and checks
+# that an honest sleep/wake passes verification with the memory the proxy read, and that a lying sleep
+# and a lying wake are each answered 503 verification_failed with the true state kept. The figures
+# (device memory before/after each step, what the proxy read, verification seconds) go to
+# $OUT/gpu-check.json, or ./gpu-check.json when $OUT is unset.
+#
+# Without CUDA (no torch or no GPU), or with --dry-run, the same steps run against the engine's
+# pretend mode and the proxy's `--gpu-probe file:` probe, and the report says the physical check was
+# unavailable. The device machine has torch, nvidia-ml-py, aiohttp and prometheus-client; the proxy's
+# other pure-Python packages must travel with the tree: put them in .gpu-deps/ (for example
+# `pip install --target .gpu-deps transitions pydantic-settings[yaml]`), which is added to PYTHONPATH.
+#
+# Usage: scripts/gpu-check.sh [--dry-run]      env: PYTHON, WEIGHTS_GIB (4), KV_GIB (4), GPU_CHECK_TIMEOUT_S (150)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DRY_RUN=0
+[[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$ROOT${ROOT:+:}$ROOT/.gpu-deps${PYTHONPATH:+:$PYTHONPATH}"
+OUT_DIR="${OUT:-.}"
+REPORT="$OUT_DIR/gpu-check.json"
+WORK="$(mktemp -d)"
+TIMEOUT_S="${GPU_CHECK_TIMEOUT_S:-150}"
+PIDS=()
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+wait_http() {  # URL SECONDS PID: bounded wait for a 200, giving up early when the process died
+  local url="$1" deadline=$((SECONDS + $2)) pid="$3"
+  until "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' "$url" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "gpu-check: process for $url exited; log:" >&2; cat "$WORK"/*.log >&2; exit 1; fi
+    if ((SECONDS > deadline)); then echo "gpu-check: $url not up within $2 s" >&2; cat "$WORK"/*.log >&2; exit 1; fi
+    sleep 0.2
+  done
+}
+
+MODE=gpu
+if ((DRY_RUN)); then
+  MODE=dry-run; WHY="--dry-run asked"
+elif ! WHY="$("$PYTHON" scripts/gpu_memory_engine.py cuda 2>&1)"; then
+  MODE=dry-run
+fi
+ENGINE_PORT="$(free_port)"
+PROXY_PORT="$(free_port)"
+if [[ "$MODE" == gpu ]]; then
+  ENGINE_ARGS=()
+  PROBE=nvml
+  VERIFY_TIMEOUT_S=5  # cudaFree + empty_cache shows in NVML at once; a lie waits out the whole deadline
+  PHYSICAL="{\"available\": true, \"device\": $("$PYTHON" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$WHY")}"
+else
+  ENGINE_ARGS=(--pretend --gpu-file "$WORK/gpu.json")
+  PROBE="file:$WORK/gpu.json"
+  VERIFY_TIMEOUT_S=1
+  PHYSICAL="{\"available\": false, \"reason\": $("$PYTHON" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$WHY")}"
+  echo "gpu-check: no physical check ($WHY); dry run with --gpu-probe $PROBE" >&2
+fi
+
+"$PYTHON" scripts/gpu_memory_engine.py serve --port "$ENGINE_PORT" \
+  --weights-gib "${WEIGHTS_GIB:-4}" --kv-gib "${KV_GIB:-4}" "${ENGINE_ARGS[@]}" >"$WORK/engine.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$ENGINE_PORT/health" 60 "${PIDS[0]}"
+
+LIFEGUARD_RECONCILE_INTERVAL_S=0.5 LIFEGUARD_VERIFY_TIMEOUT_S=$VERIFY_TIMEOUT_S LIFEGUARD_LOG_LEVEL=warning \
+  "$PYTHON" -m proxy serve --upstream "http://127.0.0.1:$ENGINE_PORT" --port "$PROXY_PORT" \
+  --gpu-probe "$PROBE" >"$WORK/proxy.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$PROXY_PORT/lifeguard/healthz" 30 "${PIDS[1]}"
+
+EXTRA="{\"mode\": \"$MODE\", \"gpu_probe\": \"${PROBE%%:*}\", \"physical\": $PHYSICAL}"
+set +e
+timeout "$TIMEOUT_S" "$PYTHON" scripts/gpu_memory_engine.py check \
+  --proxy "http://127.0.0.1:$PROXY_PORT" --engine "http://127.0.0.1:$ENGINE_PORT" \
+  --out "$REPORT" --deadline-s $((TIMEOUT_S - 10)) --extra "$EXTRA"
+rc=$?
+set -e
+if ((rc != 0)); then
+  echo "--- proxy log" >&2; tail -n 40 "$WORK/proxy.log" >&2
+  echo "--- engine log" >&2; tail -n 40 "$WORK/engine.log" >&2
+fi
+exit "$rc"
