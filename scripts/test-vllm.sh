@@ -22,7 +22,7 @@ t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"
 t1=$SECONDS
-"$BIN/pytest" -m vllm tests/vllm -q -rfEs "$@"
+"$BIN/pytest" -m vllm tests/vllm -q -rfEs --durations=8 "$@"
 rc_e2e=$?
 t_e2e=$((SECONDS - t1))
 
@@ -66,5 +66,6 @@ else
 fi
 
 log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
+grep -h "^==== healthy after" "$LIFEGUARD_VLLM_LOG_DIR"/vllm*.log 2>/dev/null | sed 's/^==== /[test-vllm] vLLM /' >&2
 log "logs in $LIFEGUARD_VLLM_LOG_DIR"
 ((rc_e2e == 0 && rc_conf == 0))

@@ -140,7 +140,8 @@ class VllmServer:
         env = {**os.environ, **VLLM_ENV}
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
-            log.write(f"\n==== start {' '.join(self.command())}\n".encode())
+            stamp = time.strftime("%H:%M:%S")
+            log.write(f"\n==== start {stamp} {' '.join(self.command())}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.command(),
@@ -163,6 +164,8 @@ class VllmServer:
                 raise VllmDied(f"vLLM not healthy after {timeout:.0f} s; log tail:\n{self.log_tail()}")
             time.sleep(0.25)
         self.starts.append(time.monotonic() - t0)
+        with open(self.log_path, "a") as log:
+            log.write(f"==== healthy after {self.starts[-1]:.1f} s (pid {self.proc.pid}, port {self.port})\n")
 
     def _signal_group(self, sig: int) -> None:
         assert self.proc is not None
