@@ -9,8 +9,9 @@ Serves what the proxy needs and nothing more, with no framework in the way:
 * ``/health``, ``/is_sleeping``, ``/is_paused``, ``/v1/models``, ``POST /sleep``, ``POST /wake_up``
   (each op takes ``op_ms``, then flips the flags the way vLLM does: asleep means paused too).
 * ``/bench/config?rate=R&op_ms=M``, ``/bench/reset``, ``/bench/stats``: the harness's own controls;
-  stats give the arrival count and first/last arrival times of non-streaming completions and the
-  time the last ``/wake_up`` finished, all CLOCK_MONOTONIC ns (comparable across processes).
+  stats give the arrival count and first/last arrival times of non-streaming completions, the
+  time the last ``/wake_up`` finished and the time of the last flag read (the proxy verifying), all
+  CLOCK_MONOTONIC ns (comparable across processes).
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ class State:
         self.first_ns = 0
         self.last_ns = 0
         self.wake_done_ns = 0
+        self.flag_ns = 0
         self.streams: list[Stream] = []
         self.kick = asyncio.Event()
 
     def reset(self) -> None:
-        self.count = self.first_ns = self.last_ns = self.wake_done_ns = 0
+        self.count = self.first_ns = self.last_ns = self.wake_done_ns = self.flag_ns = 0
 
 
 class Stream:
@@ -136,8 +138,10 @@ class Conn(asyncio.Protocol):
         elif path == b"/health":
             t.write(OK_EMPTY)
         elif path == b"/is_sleeping":
+            st.flag_ns = time.monotonic_ns()
             t.write(response("200 OK", b'{"is_sleeping":%s}' % (b"true" if st.sleeping else b"false")))
         elif path == b"/is_paused":
+            st.flag_ns = time.monotonic_ns()
             t.write(response("200 OK", b'{"is_paused":%s}' % (b"true" if st.sleeping else b"false")))
         elif path == b"/v1/models":
             t.write(response("200 OK", MODELS))
@@ -160,6 +164,7 @@ class Conn(asyncio.Protocol):
                 "first_ns": st.first_ns,
                 "last_ns": st.last_ns,
                 "wake_done_ns": st.wake_done_ns,
+                "flag_ns": st.flag_ns,
                 "streams": len(st.streams),
             }
             t.write(response("200 OK", json.dumps(stats).encode()))
