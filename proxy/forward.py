@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from .errors import UpstreamUnreachable
 
@@ -41,11 +42,17 @@ HOP_BY_HOP = frozenset(
 
 def end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """A copy of `headers` without hop-by-hop ones, nor the ones listed in `Connection`."""
-    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-    named = {
-        token.strip().lower() for name, value in items if name.lower() == "connection" for token in value.split(",")
-    }
-    return CIMultiDict((name, value) for name, value in items if name.lower() not in HOP_BY_HOP | named)
+    if isinstance(headers, (CIMultiDict, CIMultiDictProxy)):
+        # aiohttp's own header maps: a case-insensitive C lookup finds `Connection` without a loop.
+        listed: list[str] = headers.getall("Connection", [])
+        items: Iterable[tuple[str, str]] = headers.items()
+    else:
+        items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        listed = [value for name, value in items if name.lower() == "connection"]
+    drop = HOP_BY_HOP
+    if listed:
+        drop = drop | {token.strip().lower() for value in listed for token in value.split(",")}
+    return CIMultiDict([(name, value) for name, value in items if name.lower() not in drop])
 
 
 def sse_error_event(message: str) -> bytes:
@@ -53,11 +60,27 @@ def sse_error_event(message: str) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+_SKIP_AUTO_HEADERS = ("Accept-Encoding", "User-Agent", "Accept", "Content-Type")
+_NO_BODY_METHODS = frozenset({"GET", "HEAD"})
+_URL_CACHE_SIZE = 256
+
+
 class Forwarder:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, on_latency: object = None) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
         self._on_latency = on_latency if callable(on_latency) else None
+        # Parsing the upstream URL is a visible share of a request's cost; inference traffic uses a
+        # handful of paths, so the parsed URLs are kept (bounded: query strings make paths unbounded).
+        self._urls: dict[str, URL] = {}
+
+    def _url(self, raw_path: str) -> URL:
+        url = self._urls.get(raw_path)
+        if url is None:
+            url = URL(self._base + raw_path)
+            if len(self._urls) < _URL_CACHE_SIZE:
+                self._urls[raw_path] = url
+        return url
 
     async def forward(
         self,
@@ -67,17 +90,16 @@ class Forwarder:
         extra_headers: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
         """Send `request` (with its already-read `body`) to vLLM and relay the answer."""
-        url = self._base + request.raw_path
-        headers = end_to_end(request.headers.items())
+        method = request.method
         started = time.monotonic()
         try:
             upstream_cm = self._session.request(
-                request.method,
-                url,
-                headers=headers,
-                data=body if body or request.method not in ("GET", "HEAD") else None,
+                method,
+                self._url(request.raw_path),
+                headers=end_to_end(request.headers),
+                data=body if body or method not in _NO_BODY_METHODS else None,
                 allow_redirects=False,
-                skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"),
+                skip_auto_headers=_SKIP_AUTO_HEADERS,
             )
             async with upstream_cm as upstream:
                 if self._on_latency is not None:
@@ -92,11 +114,11 @@ class Forwarder:
         upstream: aiohttp.ClientResponse,
         extra_headers: Mapping[str, str] | None,
     ) -> web.StreamResponse:
-        headers = end_to_end(upstream.headers.items())
+        headers = end_to_end(upstream.headers)
         if extra_headers:
             headers.update(extra_headers)
-        is_stream = upstream.content_length is None or "text/event-stream" in (upstream.content_type or "")
-        if not is_stream:
+        is_sse = "text/event-stream" in upstream.headers.get("Content-Type", "").lower()
+        if upstream.content_length is not None and not is_sse:
             payload = await upstream.read()
             return web.Response(status=upstream.status, reason=upstream.reason, body=payload, headers=headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -112,7 +134,7 @@ class Forwarder:
                 break
             await response.write(chunk)
         if broke is not None:
-            if "text/event-stream" in (upstream.content_type or ""):
+            if is_sse:
                 await response.write(sse_error_event(broke))
             request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
             request[STREAM_BROKEN] = True
