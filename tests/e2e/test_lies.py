@@ -13,7 +13,6 @@ import contextlib
 import time
 from typing import Any
 
-import pytest
 from aiohttp import ClientResponse, ClientTimeout
 
 from proxy.sim.app import SimSettings
@@ -219,14 +218,6 @@ async def test_5_level2_documented_order_wake_weights_reload_then_kv_cache_runs_
     assert stack.sim.violations == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: rules.judge refuses start_weight_update/update_weights while 'weights' is asleep but lets "
-    "/collective_rpc reload_weights run, and LifecycleCoordinator._do_collective_rpc then clears weights_stale; "
-    "vLLM reloads into unmapped weights (sim violation reload_weights_while_asleep) and the next wake forwards "
-    "inference onto discarded weights (the canary even records the garbled answer as golden). Should be 409 "
-    "weights_asleep, weights_stale kept",
-)
 async def test_5_reload_weights_while_the_weights_still_sleep_is_refused(make_stack):
     stack = await make_stack()
     await _asleep(stack, level=2)
