@@ -116,7 +116,7 @@ class EngineRecord:
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
         elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING) or obs.metric_awake:
-            # The gauge says awake after a partial wake too, so "awake" only overrides a non-sleep hint.
+            # Older vLLM set the gauge awake after a partial wake too: "awake" only overrides a non-sleep hint.
             if hint in (State.SLEEPING, State.WAKING, State.FALLING_ASLEEP) and self.asleep_tags:
                 self.settle(State.SLEEPING)
                 return

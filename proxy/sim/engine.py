@@ -259,7 +259,9 @@ class Engine:
                     self.scheduling_asleep = False
                     self.scheduler.resume()
             claimed = "sleeping" if self.is_sleeping else "awake"
-        self.sleep_metric = _AWAKE_METRIC
+        # vLLM 0.32's AsyncLLM.wake_up records "awake" only once the executor is fully awake (measured).
+        if fired.kind == "lie-asleep" or not self.executor_tags:
+            self.sleep_metric = _AWAKE_METRIC
         self.scheduler.stats.durations["wake"].append(time.monotonic() - started)
         self.after(fired)
         return {"status": claimed, "tags": tags}
