@@ -117,6 +117,9 @@ class VllmClient:
 
     async def lifecycle(self, method: str, path: str, **kwargs: Any) -> Reply:
         """A lifecycle call that must succeed: a non-2xx answer becomes UpstreamBadStatus."""
+        # uvicorn closes the socket after an unhandled 500 without saying so; a pooled connection reused
+        # after it resets, and aiohttp only retries idempotent methods. These calls are rare: no reuse.
+        kwargs["headers"] = {**(kwargs.get("headers") or {}), "Connection": "close"}
         reply = await self.call(method, path, **kwargs)
         if not 200 <= reply.status < 300:
             raise UpstreamBadStatus(
