@@ -403,6 +403,8 @@ class LifecycleCoordinator:
             self.record.reconcile_with(obs)
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
+                if self.record.weights_stale is None:
+                    await self._verifier.record_golden()
 
     def close(self) -> None:
         self._gate.close()

@@ -192,6 +192,14 @@ class Verifier:
             return f"waking the weights added only {_gib(max(grown, 0))}; the weights did not come back"
         return None
 
+    async def record_golden(self) -> None:
+        """Run the canary once on an engine known to be good, so the first wake compares against a
+        golden answer and pays no first-request warm-up (vLLM on CPU: ~2 s for the first logprobs)."""
+        if self._settings.canary_enabled and self.golden is None:
+            check = await self._check_canary()
+            if check.result != "pass":
+                self.golden = None
+
     async def _check_canary(self) -> Check:
         try:
             answer = await self._canary()

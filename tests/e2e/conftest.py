@@ -31,6 +31,8 @@ class Stack:
     sim_server: TestServer
     proxy_app: web.Application
     settings: Settings
+    # Generations the proxy's own start-up canary made before the test began.
+    generate_baseline: int = 0
 
     @property
     def sim(self) -> Engine:
@@ -67,8 +69,9 @@ class Stack:
         self.sim.set_faults(list(specs))
 
     def sim_count(self, op: str) -> int:
+        """Calls of `op` the engine saw since the test began (not counting the start-up canary)."""
         counters: dict[str, int] = self.sim.state_dict()["counters"]  # type: ignore[assignment]
-        return int(counters.get(op, 0))
+        return int(counters.get(op, 0)) - (self.generate_baseline if op == "generate" else 0)
 
 
 @pytest.fixture
@@ -91,7 +94,9 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         app = create_app(settings)
         client = await aiohttp_client(app)
         stack = Stack(client, sim_server, app, settings)
-        await stack.wait_state("RUNNING")
+        # Ready = RUNNING and the start-up round (which records the golden canary) has finished.
+        await stack.wait_for(lambda s: s["state"] == "RUNNING" and not s["lifecycle_busy"])
+        stack.generate_baseline = stack.sim_count("generate")
         return stack
 
     return make
