@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,10 +61,13 @@ class NoGpuReader:
 
 
 class FileReader:
-    """Reads the simulator's `--gpu-file` (`{"used_bytes", "total_bytes", "devices"}`)."""
+    """Reads the simulator's `--gpu-file` or the k8s GPU reporter's file (`{"used_bytes", "total_bytes",
+    "devices"}`). A writer that refreshes periodically adds `updated_at` (epoch seconds); a reading older
+    than `max_age_s` is unavailable, because a writer that died would otherwise leave old numbers in use."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, max_age_s: float = 10.0) -> None:
         self._path = Path(path)
+        self._max_age_s = max_age_s
 
     async def read(self) -> GpuReading:
         try:
@@ -74,8 +78,12 @@ class FileReader:
                 DeviceMemory(str(d.get("uuid", d.get("index"))), int(d["used_bytes"]), int(d["total_bytes"]))
                 for d in payload.get("devices", [])
             ) or (DeviceMemory("0", int(payload["used_bytes"]), int(payload["total_bytes"])),)
+            updated_at = payload.get("updated_at")
+            age = time.time() - float(updated_at) if updated_at is not None else 0.0
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return GpuReading(unavailable=f"cannot read {self._path}: {exc}")
+        if age > self._max_age_s:
+            return GpuReading(unavailable=f"{self._path} is {age:.0f} s old; its writer has stopped")
         return GpuReading(devices=devices)
 
 

@@ -8,6 +8,7 @@ and that must read as "unavailable", never raise.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -248,3 +249,13 @@ async def test_make_reader_choices(tmp_path: Path) -> None:
     assert isinstance(file_reader, FileReader)
     nvml_reader = make_reader("nvml", ("0", "GPU-aaaa"))
     assert isinstance(nvml_reader, NvmlReader) and nvml_reader.devices == ("0", "GPU-aaaa")
+
+
+async def test_a_file_whose_writer_stopped_is_unavailable_not_trusted(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    fresh = {"used_bytes": 5, "total_bytes": 10, "devices": [], "updated_at": time.time()}
+    path.write_text(json.dumps(fresh))
+    assert (await FileReader(path).read()).available
+    path.write_text(json.dumps({**fresh, "updated_at": time.time() - 60}))
+    reading = await FileReader(path).read()
+    assert not reading.available and "old" in (reading.unavailable or "")
