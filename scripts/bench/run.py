@@ -708,7 +708,7 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 verdict(hold["first_ms"] <= 5),
             ],
             [
-                "… of which verification (wake end → last flag read)",
+                "… of which verification (wake end → flags read)",
                 "",
                 "",
                 fmt(hold["verified_ms"], "ms"),
@@ -718,7 +718,7 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 "",
             ],
             [
-                "… of which the release (last flag read → first forwarded)",
+                "… of which the release (flags read → first forwarded)",
                 "",
                 "",
                 fmt(hold["release_ms"], "ms"),

@@ -10,7 +10,7 @@ Serves what the proxy needs and nothing more, with no framework in the way:
   (each op takes ``op_ms``, then flips the flags the way vLLM does: asleep means paused too).
 * ``/bench/config?rate=R&op_ms=M``, ``/bench/reset``, ``/bench/stats``: the harness's own controls;
   stats give the arrival count and first/last arrival times of non-streaming completions, the
-  time the last ``/wake_up`` finished and the time of the last flag read (the proxy verifying), all
+  time the last ``/wake_up`` finished and when the proxy's verification read the flags after it, all
   CLOCK_MONOTONIC ns (comparable across processes).
 """
 
@@ -53,8 +53,15 @@ class State:
         self.last_ns = 0
         self.wake_done_ns = 0
         self.flag_ns = 0
+        self.flags_after_wake = 0
         self.streams: list[Stream] = []
         self.kick = asyncio.Event()
+
+    def flag_read(self) -> None:
+        """The proxy's verification reads both flags once after a wake; later reads are its reconcile loop."""
+        if self.wake_done_ns and self.flags_after_wake < 2:
+            self.flags_after_wake += 1
+            self.flag_ns = time.monotonic_ns()
 
     def reset(self) -> None:
         self.count = self.first_ns = self.last_ns = self.wake_done_ns = self.flag_ns = 0
@@ -138,10 +145,10 @@ class Conn(asyncio.Protocol):
         elif path == b"/health":
             t.write(OK_EMPTY)
         elif path == b"/is_sleeping":
-            st.flag_ns = time.monotonic_ns()
+            st.flag_read()
             t.write(response("200 OK", b'{"is_sleeping":%s}' % (b"true" if st.sleeping else b"false")))
         elif path == b"/is_paused":
-            st.flag_ns = time.monotonic_ns()
+            st.flag_read()
             t.write(response("200 OK", b'{"is_paused":%s}' % (b"true" if st.sleeping else b"false")))
         elif path == b"/v1/models":
             t.write(response("200 OK", MODELS))
@@ -176,6 +183,7 @@ class Conn(asyncio.Protocol):
         st.sleeping = sleep
         if not sleep:
             st.wake_done_ns = time.monotonic_ns()
+            st.flag_ns = st.flags_after_wake = 0
         self.busy = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(OK_EMPTY)
