@@ -107,6 +107,10 @@ class Forwarder:
                 return await self._relay(request, upstream, extra_headers)
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise UpstreamUnreachable(f"vLLM could not be reached: {exc}") from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            # A TimeoutError is an OSError: unmapped, it escaped as aiohttp's bare 504 (seen when 10,000
+            # held requests were released at once and vLLM's accept queue overflowed).
+            raise UpstreamUnreachable(f"vLLM did not accept a connection in time: {exc!r}") from exc
 
     async def _relay(
         self,

@@ -488,6 +488,11 @@ async def hold_run(rig: Rig, count: int, seconds: float) -> dict[str, float]:
     _, raw = await http(rig.sse_port, "GET", "/bench/stats")
     stats = json.loads(raw)
     ok = sum(1 for c in clients if c.status == 200)
+    if ok < count:
+        statuses: dict[int, int] = {}
+        for c in clients:
+            statuses[c.status] = statuses.get(c.status, 0) + 1
+        log(f"  held requests by answer status (0: connection closed): {dict(sorted(statuses.items()))}")
     for c in clients:
         c.transport.close()
     wake_end = stats["wake_done_ns"]
