@@ -861,7 +861,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one short repetition of everything (< 2 min)")
+    parser.add_argument("--quick", action="store_true", help="one short repetition of everything, 2,000 held (< 2 min)")
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument("--only", default="fixed,sse,lifecycle,hold", help="comma list: fixed,sse,lifecycle,hold")
     parser.add_argument("--reps", type=int, default=3)
@@ -881,6 +881,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.reps, args.hold_reps, args.seconds, args.sse_seconds, args.cycles = 1, 1, 2.0, 2.0, 8
+        args.held = min(args.held, 2_000)
     args.only = set(args.only.split(","))
     args.conns = [int(c) for c in str(args.conns).split(",")]
     args.streams = [int(s) for s in str(args.streams).split(",")]
