@@ -89,7 +89,9 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
     async def context(app: web.Application) -> AsyncIterator[None]:
         assert settings.upstream is not None
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=settings.upstream_keepalive_s),
+            connector=aiohttp.TCPConnector(
+                limit=settings.upstream_max_connections, keepalive_timeout=settings.upstream_keepalive_s
+            ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
             auto_decompress=False,
         )
@@ -106,9 +108,9 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
             max_held=settings.max_held_requests,
             hold_timeout_s=settings.hold_timeout_s,
             on_hold_ended=metrics.hold_finished,
-            on_counts=lambda held, inflight: _report_counts(metrics, held, inflight),
             on_held_while_sleeping=lambda: policies_box[0].request_held_while_sleeping(),
         )
+        metrics.watch_counts(lambda: gate.held, lambda: gate.inflight)
         coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics)
         policies = Policies(settings, coordinator, gate, metrics)
         policies_box.append(policies)
@@ -123,11 +125,6 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
         await session.close()
 
     return context
-
-
-def _report_counts(metrics: Metrics, held: int, inflight: int) -> None:
-    metrics.held_now(held)
-    metrics.inflight_now(inflight)
 
 
 def _report_memory(metrics: Metrics, reading: object) -> None:

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
+    # Beyond this many open connections to vLLM, new requests wait for a free one instead of all
+    # connecting at once (a burst of released held requests overflows vLLM's accept queue).
+    upstream_max_connections: int = Field(default=1024, gt=0)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_held_requests: int = Field(default=10_000, ge=0)
     hold_timeout_s: float = Field(default=300.0, gt=0)

@@ -20,6 +20,11 @@ from collections.abc import Callable
 from .errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, LifeguardError, ShuttingDown
 from .rules import Admission
 
+# Held requests released per event-loop turn. Releasing 10,000 in one turn runs every handler up to its
+# first upstream await before any socket is polled: nothing is forwarded for seconds and every one opens
+# its own connection at once (measured: first forward 12 s after the wake, most failed to connect).
+RELEASE_BATCH = 32
+
 
 class Ticket:
     """Proof of admission; `done()` must be called once the upstream exchange has ended."""
@@ -44,13 +49,11 @@ class RequestGate:
         max_held: int,
         hold_timeout_s: float,
         on_hold_ended: Callable[[str, float], None] = lambda outcome, seconds: None,
-        on_counts: Callable[[int, int], None] = lambda held, inflight: None,
         on_held_while_sleeping: Callable[[], None] = lambda: None,
     ) -> None:
         self._max_held = max_held
         self._hold_timeout_s = hold_timeout_s
         self._on_hold_ended = on_hold_ended
-        self._on_counts = on_counts
         self._on_held_while_sleeping = on_held_while_sleeping
         self._admission = Admission.HOLD
         self._sleeping = False
@@ -78,18 +81,25 @@ class RequestGate:
         self._admission = admission
         self._sleeping = sleeping
         if admission is Admission.FORWARD:
-            while self._held:
-                waiter = self._held.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-            self._counts()
+            self._release_batch()
         elif admission is Admission.REJECT_SLEEPING:
             self._fail_held(EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps"))
+
+    def _release_batch(self) -> None:
+        released = 0
+        while self._held and released < RELEASE_BATCH:
+            waiter = self._held.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                released += 1
+        if self._held and self._admission is Admission.FORWARD:
+            asyncio.get_running_loop().call_soon(self._release_batch)
 
     async def admit(self) -> Ticket:
         """Wait until the request may be forwarded; raises a LifeguardError for every other ending."""
         self.last_activity = time.monotonic()
-        if self._admission is Admission.FORWARD and self._closed is None:
+        # While a release drains, newcomers queue behind the held requests: arrival order is kept.
+        if self._admission is Admission.FORWARD and self._closed is None and not self._held:
             return self._admitted(0.0)
         if self._closed is not None:
             raise self._closed
@@ -106,7 +116,6 @@ class RequestGate:
     async def _hold(self) -> Ticket:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._held.append(waiter)
-        self._counts()
         if self._sleeping:
             self._on_held_while_sleeping()
         started = time.monotonic()
@@ -134,7 +143,6 @@ class RequestGate:
     def _admitted(self, held_s: float) -> Ticket:
         self._inflight += 1
         self._idle.clear()
-        self._counts()
         return Ticket(self, held_s)
 
     def _finished(self) -> None:
@@ -142,24 +150,18 @@ class RequestGate:
         self.last_activity = time.monotonic()
         if self._inflight == 0:
             self._idle.set()
-        self._counts()
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         try:
             self._held.remove(waiter)
         except ValueError:
             pass
-        self._counts()
 
     def _fail_held(self, error: LifeguardError) -> None:
         while self._held:
             waiter = self._held.popleft()
             if not waiter.done():
                 waiter.set_exception(error)
-        self._counts()
-
-    def _counts(self) -> None:
-        self._on_counts(len(self._held), self._inflight)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing is in flight, at most `timeout_s`; returns whether it became idle."""

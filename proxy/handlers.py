@@ -19,7 +19,15 @@ from aiohttp.typedefs import Handler
 from .calls import parse_call
 from .config import Settings
 from .coordinator import LifecycleCoordinator
-from .errors import BodyTooLarge, EngineUnavailable, Forbidden, LifeguardError, Unauthorized, UpstreamError
+from .errors import (
+    BodyTooLarge,
+    EngineUnavailable,
+    Forbidden,
+    LifeguardError,
+    Unauthorized,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from .forward import STREAM_BROKEN, Forwarder
 from .gate import RequestGate
 from .metrics import Metrics
@@ -66,6 +74,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 500:
             raise
         return render_error(LifeguardError(f"{exc.status} {exc.reason}"))
+    except TimeoutError as exc:  # an OSError too: it must not be taken for a client that left
+        log.warning("timeout in %s %s: %r", request.method, request.path, exc)
+        return render_error(UpstreamTimeout("vLLM did not answer in time"))
     except (ConnectionResetError, OSError) as exc:
         log.debug("client connection lost: %r", exc)
         raise

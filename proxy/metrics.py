@@ -19,7 +19,7 @@ Rules kept here (prometheus naming practice, style.md §4a):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from aiohttp.typedefs import Handler
@@ -317,6 +317,11 @@ class Metrics:
     def held_now(self, count: int) -> None:
         """The number of requests currently held."""
         self._held.set(count)
+
+    def watch_counts(self, held: Callable[[], int], inflight: Callable[[], int]) -> None:
+        """Read the held and in-flight counts when scraped, instead of a locked set on every request."""
+        self._held.set_function(held)
+        self._inflight.set_function(inflight)
 
     def hold_finished(self, outcome: str, seconds: float) -> None:
         """A held request left the hold (``outcome`` from HOLD_OUTCOMES) after ``seconds``."""

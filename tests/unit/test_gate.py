@@ -129,3 +129,22 @@ async def test_wait_idle_returns_when_the_last_request_finishes() -> None:
     waiter = asyncio.ensure_future(g.wait_idle(5))
     ticket.done()
     assert await waiter
+
+
+async def test_a_large_release_drains_in_batches_and_newcomers_queue_behind_it() -> None:
+    g, endings = gate(max_held=1000)
+    order: list[int] = []
+
+    async def request(n: int) -> None:
+        ticket = await g.admit()
+        order.append(n)
+        ticket.done()
+
+    tasks = [asyncio.ensure_future(request(n)) for n in range(200)]
+    await held(g, 200)
+    g.set_admission(Admission.FORWARD)
+    assert 0 < g.held < 200  # one batch per loop turn, not all at once
+    tasks.append(asyncio.ensure_future(request(200)))  # arrives while the backlog drains
+    await asyncio.gather(*tasks)
+    assert order == list(range(201))
+    assert endings.count("forwarded") == 201
