@@ -1,0 +1,415 @@
+"""The chaos run's actors: clients, trainers, the fault injector, the healer, and the simulator's supervisor.
+
+Each actor records every exchange as a `Call`; pacing uses short bounded sleeps (this is load, not a
+test waiting on a condition). Every HTTP call has a client-side deadline, so nothing here can hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from chaos_checks import Call, error_shape_problem
+
+SIM_SCRIPT = Path(__file__).with_name("sim_process.py")
+
+PROMPTS = ("The capital of France is", "Once upon a time", "def fib(n):", "Roses are red", "hello")
+
+
+@dataclass
+class Tally:
+    """Everything the actors recorded."""
+
+    calls: list[Call] = field(default_factory=list)
+    faults_injected: Counter[str] = field(default_factory=Counter)
+    kills: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
+    ended: int = 0
+
+
+# ----- the simulator process and its restarter
+class SimSupervisor:
+    """Runs sim_process.py; restarts it whenever it exits (a crash, the lie-dead watchdog, or our kill)."""
+
+    def __init__(self, port: int, workdir: Path, seed: int) -> None:
+        self.port = port
+        self.journal = workdir / "sim-journal.jsonl"
+        self.gpu_file = workdir / "gpu.json"
+        self._log = open(workdir / "sim.log", "ab")  # noqa: SIM115 - lives as long as the supervisor
+        self._seed = seed
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.started_at = 0.0
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._seed += 1
+        args = [
+            sys.executable, str(SIM_SCRIPT), "--journal", str(self.journal), "--port", str(self.port),
+            "--gpu-file", str(self.gpu_file), "--sleep-seconds", "0.02", "--wake-seconds", "0.03",
+            "--token-seconds", "0.002", "--watchdog-seconds", "1.0", "--seed", str(self._seed),
+            "--log-level", "error",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.started_at = time.monotonic()
+
+    def kill(self) -> None:
+        """What an operator's liveness probe does to a hung or wedged vLLM."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def wait_healthy(self, session: aiohttp.ClientSession, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"the simulator did not become healthy within {timeout} s (see sim.log)")
+
+    async def restarter(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if self.proc is not None and self.proc.poll() is not None and not self._stopping:
+                fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                dead = {"executor_tags": [], "scheduling_asleep": False, "sleep_level": None, "paused": False,
+                        "is_sleeping": False, "weight_update_active": False, "weights_valid": False,
+                        "dead": True, "garbage": False}  # fmt: skip
+                entry = {"t": time.time(), "ev": "state", "why": "exited", "s": dead}
+                os.write(fd, (json.dumps(entry) + "\n").encode())
+                os.close(fd)
+                self.restarts += 1
+                self.start()
+            await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+# ----- one exchange, classified
+def _outcome_for_error(call: Call, status: int, headers: Any, body: bytes) -> None:
+    call.status = status
+    call.reason = headers.get("X-Lifeguard-Reason")
+    problem = error_shape_problem(status, headers, body)
+    call.outcome = "bad_error_shape" if problem else "proxy_error"
+    call.detail = problem or ""
+
+
+async def inference(session: aiohttp.ClientSession, base: str, rng: random.Random, tally: Tally,
+                    deadline_s: float) -> Call:  # fmt: skip
+    chat = rng.random() < 0.4
+    stream = rng.random() < 0.5
+    early = rng.random() < 0.08
+    prompt = rng.choice(PROMPTS)
+    body: dict[str, Any] = {"model": "tiny", "max_tokens": rng.randint(1, 16), "temperature": 0, "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    url = base + ("/v1/chat/completions" if chat else "/v1/completions")
+    call = Call("inference", time.time())
+    tally.calls.append(call)
+    tally.sent += 1
+    try:
+        async with asyncio.timeout(deadline_s):
+            if early and not stream:
+                try:
+                    async with asyncio.timeout(rng.uniform(0.001, 0.05)):
+                        await _exchange(session, url, body, call, early=False)
+                except TimeoutError:
+                    call.outcome = "client_gone"
+            else:
+                await _exchange(session, url, body, call, early=early)
+    except TimeoutError:
+        call.outcome = "hang"
+    except aiohttp.ClientPayloadError as exc:
+        call.outcome, call.detail = "dropped_mid_response", repr(exc)
+    except (aiohttp.ClientError, OSError) as exc:
+        call.outcome, call.detail = "no_answer", repr(exc)
+    finally:
+        call.t_end = time.time()
+        tally.ended += 1
+    return call
+
+
+async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, Any], call: Call, *, early: bool) -> None:
+    async with session.post(url, json=body) as resp:
+        call.status = resp.status
+        if resp.headers.get("X-Lifeguard-Reason"):
+            _outcome_for_error(call, resp.status, resp.headers, await resp.read())
+            return
+        if resp.status != 200:
+            raw = await resp.read()
+            try:
+                json.loads(raw)
+                call.outcome = "upstream_status"
+            except ValueError:
+                call.outcome, call.detail = "unexplained", f"{resp.status} {raw[:120]!r}"
+            return
+        if not body["stream"]:
+            raw = await resp.read()
+            try:
+                call.outcome = "ok" if "choices" in json.loads(raw) else "unexplained"
+            except ValueError:
+                call.outcome, call.detail = "unexplained", repr(raw[:120])
+            return
+        if early:
+            await resp.content.readany()
+            resp.close()
+            call.outcome = "client_gone"
+            return
+        data = b""
+        while chunk := await resp.content.readany():
+            data += chunk
+        if b"data: [DONE]" in data:
+            call.outcome = "ok"
+        elif b'"error"' in data:
+            call.outcome = "stream_error_event"
+        else:
+            call.outcome, call.detail = "truncated", repr(data[-200:])
+
+
+async def client(session: aiohttp.ClientSession, base: str, seed: int, tally: Tally, stop: asyncio.Event,
+                 deadline_s: float) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    while not stop.is_set():
+        call = await inference(session, base, rng, tally, deadline_s)
+        # A real client honours Retry-After loosely; without a pause the run is mostly instant 503s.
+        await asyncio.sleep(rng.uniform(0.1, 0.4) if call.status == 503 else rng.uniform(0, 0.02))
+
+
+# ----- trainers
+def _random_call(rng: random.Random) -> tuple[str, list[tuple[str, str]], Any]:
+    op = rng.choices(
+        ["sleep", "wake_up", "pause", "resume", "session", "update_weights", "finish_weight_update",
+         "start_weight_update", "collective_rpc"],
+        weights=[16, 20, 12, 12, 8, 3, 3, 3, 10],
+    )[0]  # fmt: skip
+    query: list[tuple[str, str]] = []
+    body: Any = None
+    if op == "sleep":
+        query = [("level", str(rng.choice([0, 1, 1, 1, 2]))), ("mode", rng.choice(["abort", "wait", "keep"]))]
+    elif op == "wake_up":
+        tags = rng.choice([None, None, ["weights"], ["kv_cache"], ["weights", "kv_cache"], ["scheduling"]])
+        if tags and rng.random() < 0.5:
+            query = [("tags", ",".join(tags))]
+        elif tags:
+            query = [("tags", t) for t in tags]
+    elif op == "pause":
+        query = [("mode", rng.choice(["abort", "wait", "keep"]))]
+        if rng.random() < 0.2:
+            query.append(("clear_cache", rng.choice(["true", "false"])))
+    elif op == "update_weights":
+        body = {"update_info": {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]}}
+    elif op == "finish_weight_update" and rng.random() < 0.5:
+        body = {"weight_version": f"v{rng.randint(1, 999)}"}
+    elif op == "collective_rpc":
+        body = {"method": "reload_weights"}
+    return op, query, body
+
+
+async def lifecycle_call(session: aiohttp.ClientSession, base: str, op: str, query: list[tuple[str, str]],
+                         body: Any, tally: Tally, deadline_s: float) -> Call:  # fmt: skip
+    call = Call(op, time.time(), query)
+    tally.calls.append(call)
+    try:
+        async with asyncio.timeout(deadline_s):
+            async with session.post(base + "/" + op, params=query, json=body) as resp:
+                raw = await resp.read()
+                call.status = resp.status
+                call.noop = resp.headers.get("X-Lifeguard-Noop") == "true"
+                call.deferred = "X-Lifeguard-Deferred" in resp.headers
+                if resp.headers.get("X-Lifeguard-Reason"):
+                    _outcome_for_error(call, resp.status, resp.headers, raw)
+                elif 200 <= resp.status < 300:
+                    call.outcome = "noop" if call.noop else "ok"
+                else:
+                    call.outcome, call.detail = "unexplained", f"{resp.status} {raw[:120]!r}"
+    except TimeoutError:
+        call.outcome = "hang"
+    except (aiohttp.ClientError, OSError) as exc:
+        call.outcome, call.detail = "no_answer", repr(exc)
+    finally:
+        call.t_end = time.time()
+    return call
+
+
+async def trainer(session: aiohttp.ClientSession, base: str, seed: int, tally: Tally, stop: asyncio.Event,
+                  deadline_s: float) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    while not stop.is_set():
+        op, query, body = _random_call(rng)
+        if op == "session":  # a whole weight-update session, as a trainer runs it
+            first = await lifecycle_call(session, base, "start_weight_update", [], None, tally, deadline_s)
+            if first.status == 200:
+                for _ in range(rng.randint(1, 3)):
+                    update = {"update_info": {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]}}
+                    await lifecycle_call(session, base, "update_weights", [], update, tally, deadline_s)
+                await lifecycle_call(session, base, "finish_weight_update", [], None, tally, deadline_s)
+        elif rng.random() < 0.1:  # the same call twice at once: the second joins the first
+            await asyncio.gather(
+                lifecycle_call(session, base, op, query, body, tally, deadline_s),
+                lifecycle_call(session, base, op, query, body, tally, deadline_s),
+            )
+        else:
+            await lifecycle_call(session, base, op, query, body, tally, deadline_s)
+        await asyncio.sleep(rng.uniform(0.02, 0.3))
+
+
+# ----- faults
+GENERAL_OPS = ("sleep", "wake_up", "pause", "resume", "start_weight_update", "update_weights",
+               "finish_weight_update", "collective_rpc", "generate")  # fmt: skip
+# lie-asleep only where vLLM has a flag that can catch it (a weight-update lie cannot be seen from outside).
+FAULT_OPS: dict[str, tuple[str, ...]] = {
+    "error500": GENERAL_OPS,
+    "wedge": GENERAL_OPS,
+    "crash": GENERAL_OPS,
+    "hang": GENERAL_OPS,
+    "lie-asleep": ("sleep", "wake_up", "pause", "resume"),
+    "lie-memory": ("sleep", "wake_up"),
+    "lie-dead": GENERAL_OPS,
+    "garbage": GENERAL_OPS,
+    "slow": GENERAL_OPS,
+}
+OFTEN = {"generate": 3, "sleep": 4, "wake_up": 4, "pause": 2, "resume": 2}
+
+
+LETHAL = frozenset({"crash", "hang", "lie-dead", "wedge"})
+
+
+async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, seed: int, tally: Tally,
+                         stop: asyncio.Event) -> None:  # fmt: skip
+    """Every fault kind in turn (shuffled each round), two at a time on different operations; waits for
+    them to fire, then plays the operator for the kinds only a restart clears (hang, wedge)."""
+    rng = random.Random(seed)
+    kinds: list[str] = []
+    while not stop.is_set():
+        chosen: dict[str, str] = {}
+        while len(chosen) < 2:
+            if not kinds:
+                kinds = list(FAULT_OPS)
+                rng.shuffle(kinds)
+            kind = kinds.pop()
+            ops = [o for o in FAULT_OPS[kind] if o not in chosen.values()]
+            chosen[kind] = rng.choices(ops, weights=[OFTEN.get(o, 1) for o in ops])[0]
+            if kind in LETHAL:
+                break  # a lethal fault wipes whatever else is armed
+        specs = [f"{op}:slow:{rng.uniform(0.2, 1.5):.2f}" if kind == "slow" else f"{op}:{kind}"
+                 for kind, op in chosen.items()]  # fmt: skip
+        if not await _set_faults(session, sim, specs):
+            await asyncio.sleep(0.2)
+            continue
+        tally.faults_injected.update(chosen.keys())
+        unfired = await _wait_fired(session, sim, stop, timeout=6.0)
+        if {"hang", "wedge"} & (set(chosen) - unfired):
+            await _sleep_unless(stop, rng.uniform(1.0, 2.5))
+            sim.kill()
+            tally.kills["hang" if "hang" in chosen else "wedge"] += 1
+        if unfired:
+            await _set_faults(session, sim, [])
+            kinds.extend(unfired)  # try those again next
+        await _sleep_unless(stop, rng.uniform(0.2, 1.0))
+    await _set_faults(session, sim, [])
+
+
+async def _set_faults(session: aiohttp.ClientSession, sim: SimSupervisor, specs: list[str]) -> bool:
+    try:
+        async with session.post(sim.url + "/sim/faults", json=specs, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _wait_fired(session: aiohttp.ClientSession, sim: SimSupervisor, stop: asyncio.Event,
+                      timeout: float) -> set[str]:  # fmt: skip
+    """The kinds still armed when every fault fired, the process died (all count as fired) or time ran out."""
+    deadline = time.monotonic() + timeout
+    pid = sim.proc.pid if sim.proc else None
+    armed: set[str] = set()
+    while time.monotonic() < deadline and not stop.is_set():
+        if sim.proc is None or sim.proc.pid != pid or sim.proc.poll() is not None:
+            return set()
+        try:
+            async with session.get(sim.url + "/sim/faults", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                if resp.status == 200:
+                    armed = {str(f["kind"]) for f in await resp.json()}
+                    if not armed:
+                        return armed
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.05)
+    return armed
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        pass
+
+
+async def healer(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, tally: Tally,
+                 stop: asyncio.Event, failed_for_s: float = 3.0) -> None:  # fmt: skip
+    """A FAILED engine that stays FAILED (garbage, memory not back) is one an operator restarts."""
+    failed_since: float | None = None
+    while not stop.is_set():
+        state = await proxy_state(session, base)
+        now = time.monotonic()
+        if state is not None and state["state"] == "FAILED":
+            failed_since = failed_since or now
+            if now - failed_since > failed_for_s and now - sim.started_at > failed_for_s:
+                sim.kill()
+                tally.kills["healer"] += 1
+                failed_since = None
+        else:
+            failed_since = None
+        await _sleep_unless(stop, 0.25)
+
+
+async def proxy_state(session: aiohttp.ClientSession, base: str) -> dict[str, Any] | None:
+    try:
+        async with session.get(base + "/lifeguard/state", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            body: dict[str, Any] = await resp.json()
+            return body
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def sim_state(session: aiohttp.ClientSession, sim: SimSupervisor) -> dict[str, Any] | None:
+    try:
+        async with session.get(sim.url + "/sim/state", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            body: dict[str, Any] = await resp.json()
+            return body
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def each(tally: Tally, predicate: Callable[[Call], bool]) -> list[Call]:
+    return [c for c in tally.calls if predicate(c)]

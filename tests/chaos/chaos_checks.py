@@ -1,0 +1,226 @@
+"""The chaos run's records and invariants: pure functions over what the actors recorded and the sim's journal.
+
+Nothing here does I/O except reading the journal file; `chaos_run` prints what `Findings` holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MEMORY_TAGS = frozenset({"weights", "kv_cache"})
+
+# Every way a client request may end that keeps the promise, and those that break it.
+GOOD_INFERENCE = frozenset({"ok", "stream_error_event", "upstream_status", "proxy_error", "client_gone"})
+BAD_INFERENCE = frozenset({"hang", "no_answer", "dropped_mid_response", "truncated", "unexplained", "bad_error_shape"})
+
+
+@dataclass
+class Call:
+    """One HTTP exchange a client or trainer made, and how it ended."""
+
+    kind: str  # "inference" or a lifecycle op name
+    t_send: float
+    query: list[tuple[str, str]] = field(default_factory=list)
+    t_end: float = 0.0
+    status: int | None = None
+    outcome: str = "pending"
+    reason: str | None = None
+    noop: bool = False
+    deferred: bool = False
+    detail: str = ""
+
+
+def error_shape_problem(status: int, headers: Any, body: bytes) -> str | None:
+    """What is wrong with an error the proxy made (it carries X-Lifeguard-Reason), or None."""
+    if status == 500:
+        return "the proxy answered 500"
+    if status >= 500 and status != 503:
+        return f"the proxy answered {status} (only 503 is allowed among 5xx)"
+    if status == 503 and not headers.get("Retry-After"):
+        return "a proxy 503 without Retry-After"
+    try:
+        payload = json.loads(body)
+        err = payload["error"]
+        if not {"message", "type", "param", "code"} <= set(err):
+            return f"error envelope lacks fields: {sorted(err)}"
+    except (ValueError, KeyError, TypeError):
+        return f"error body is not vLLM's JSON envelope: {body[:120]!r}"
+    return None
+
+
+# ----- the simulator's journal
+@dataclass
+class Journal:
+    timeline: list[tuple[float, dict[str, Any]]]
+    violations: list[dict[str, Any]]
+    faults_fired: Counter[str]
+    deaths: list[str]
+    starts: int
+    # (pid, op, began, ended) of every pause and sleep the engine ran
+    pausing: list[tuple[int, str, float, float]] = field(default_factory=list)
+
+
+def read_journal(path: Path) -> Journal:
+    timeline: list[tuple[float, dict[str, Any]]] = []
+    violations: list[dict[str, Any]] = []
+    fired: Counter[str] = Counter()
+    deaths: list[str] = []
+    starts = 0
+    open_ops: dict[tuple[int, str], list[float]] = {}
+    pausing: list[tuple[int, str, float, float]] = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill -9 mid-write
+        ev = entry.get("ev")
+        if ev == "begin":
+            open_ops.setdefault((entry["pid"], entry["op"]), []).append(float(entry["t"]))
+        if ev == "state" and str(entry.get("why", "")).split(":")[0] in ("pause", "sleep"):
+            began = open_ops.get((entry["pid"], entry["why"].split(":")[0])) or [float(entry["t"])]
+            pausing.append((entry["pid"], entry["why"].split(":")[0], began.pop(0), float(entry["t"])))
+        if ev == "state" and "s" in entry:
+            timeline.append((float(entry["t"]), entry["s"]))
+            starts += entry.get("why") == "start"
+        elif ev == "die":
+            timeline.append((float(entry["t"]), entry["s"]))
+            deaths.append(str(entry.get("reason")))
+        elif ev == "violation":
+            violations.append({**entry["violation"], "pid": entry.get("pid")})
+        elif ev == "fault":
+            fired[str(entry["kind"])] += 1
+    timeline.sort(key=lambda item: item[0])
+    return Journal(timeline, violations, fired, deaths, starts, pausing)
+
+
+def states_during(timeline: list[tuple[float, dict[str, Any]]], start: float, end: float) -> list[dict[str, Any]]:
+    """The engine states in effect at some moment of [start, end]."""
+    times = [t for t, _ in timeline]
+    first = max(bisect.bisect_right(times, start) - 1, 0)
+    last = bisect.bisect_right(times, end)
+    return [s for _, s in timeline[first:last]]
+
+
+def _tags(query: list[tuple[str, str]]) -> set[str] | None:
+    raw = [v for k, v in query if k == "tags"]
+    if not raw:
+        return None
+    return {t.strip() for v in raw for t in v.split(",") if t.strip()}
+
+
+def claim_holds(call: Call, s: dict[str, Any]) -> bool:
+    """Whether engine state `s` is what a 200 for `call` promised."""
+    executor = set(s["executor_tags"])
+    op = call.kind
+    if op in ("start_weight_update", "update_weights", "finish_weight_update", "collective_rpc"):
+        # vLLM has no flag for these; the proxy forwards vLLM's answer (see docs/reliability.md).
+        if op == "start_weight_update":
+            return bool(s["weight_update_active"])
+        if op == "finish_weight_update":
+            return not s["weight_update_active"]
+        return "weights" not in executor
+    if s["dead"]:
+        return False
+    if op == "sleep":
+        level = int(dict(call.query).get("level", "1"))
+        if call.noop:  # the issue-2 table: already asleep at that level (also after a partial wake, as vLLM)
+            return bool(s["is_sleeping"]) and s["sleep_level"] == level
+        return bool(s["is_sleeping"]) if level == 0 else executor == MEMORY_TAGS
+    if op == "wake_up":
+        tags = _tags(call.query)
+        if tags is None:
+            return not executor and not s["scheduling_asleep"]
+        return not (tags & MEMORY_TAGS & executor)
+    if op == "pause":
+        return bool(s["is_sleeping"]) if call.deferred else bool(s["paused"])
+    if op == "resume":
+        return not s["paused"] and not executor
+    return True
+
+
+def dead_since(timeline: list[tuple[float, dict[str, Any]]], at: float) -> float:
+    """When the engine, dead at `at`, went dead (the start of that stretch of dead states)."""
+    since = at
+    for t, s in reversed(timeline):
+        if t > at:
+            continue
+        if not s["dead"]:
+            break
+        since = t
+    return since
+
+
+def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) -> tuple[int, list[tuple[Call, str]]]:
+    """(how many lifecycle 200s were checked, [(call, known bug or ""), ...] for those no engine state in
+    their window supports)."""
+    checked = 0
+    bad: list[tuple[Call, str]] = []
+    for call in calls:
+        if call.kind == "inference" or call.status != 200:
+            continue
+        checked += 1
+        window = states_during(timeline, call.t_send, call.t_end)
+        if not any(claim_holds(call, s) for s in window):
+            shown = [{k: s[k] for k in ("executor_tags", "paused", "weight_update_active", "dead")} for s in window]
+            call.detail = f"engine was {shown}"
+            known = ""
+            if (call.noop or call.deferred) and all(s["dead"] for s in window):
+                if call.t_send - dead_since(timeline, call.t_send) < STALE_S:
+                    known = "stale_noop"
+            bad.append((call, known))
+    return checked, bad
+
+
+# Core bugs the chaos run finds, each pinned by a strict xfail test; reported, not counted, unless --strict.
+# A no-op is answered from the proxy's belief without asking vLLM; for one reconcile round after the engine
+# dies, that belief is stale (finding in docs/reliability.md). Longer than this is a broken invariant.
+STALE_S = 1.0
+
+KNOWN_BUGS = {
+    "stale_noop": "a no-op answered within one reconcile round of an engine death (docs/reliability.md)",
+    "in_transit": "not a bug: admitted before the pause began, arrived while vLLM paused; vLLM queues it "
+    "(docs/reliability.md)",
+}
+
+
+# A request the gate admitted just before a pause/sleep began may still be on its way to vLLM when vLLM pauses;
+# vLLM queues it (it is not run while asleep: that is generate_ran_while_asleep, never excused).
+IN_TRANSIT_S = 0.5
+
+
+def known_violation(violation: dict[str, Any], earlier: list[dict[str, Any]],
+                    pausing: list[tuple[int, str, float, float]]) -> str:  # fmt: skip
+    kind = violation["kind"]
+    if kind == "generate_while_asleep_or_paused":
+        at, pid = float(violation["at"]), violation.get("pid")
+        if any(p == pid and began <= at <= ended + IN_TRANSIT_S for p, _, began, ended in pausing):
+            return "in_transit"
+    return ""
+
+
+def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
+    """Why the proxy's settled state disagrees with the simulator's true state, or None."""
+    state = proxy["state"]
+    tags = set(sim["asleep_tags"])
+    if bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):
+        return f"weight_update_active: proxy {proxy['weight_update_active']}, engine {sim['weight_update_active']}"
+    if sim.get("dead"):
+        return None if state == "FAILED" else f"engine is dead but the proxy says {state}"
+    if state == "RUNNING":
+        ok = not tags and not sim["paused"]
+        return None if ok else f"proxy RUNNING, engine tags={sorted(tags)} paused={sim['paused']}"
+    if state == "PAUSED":
+        ok = not tags and sim["paused"]
+        return None if ok else f"proxy PAUSED, engine tags={sorted(tags)} paused={sim['paused']}"
+    if state in ("SLEEPING", "UPDATING_WEIGHTS"):
+        if set(proxy["asleep_tags"]) == {"scheduling"} and not tags and sim["paused"]:
+            return None  # level 0 and a pause look the same from outside; a lie-asleep there cannot be seen
+        if set(proxy["asleep_tags"]) != tags:
+            return f"proxy {state} with tags {proxy['asleep_tags']}, engine tags {sorted(tags)}"
+        return None
+    return f"proxy not settled: {state}"
