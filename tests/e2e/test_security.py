@@ -1,0 +1,239 @@
+"""Who may drive the lifecycle, what reaches vLLM, and what reaches the logs.
+
+Lifecycle and weight routes take the admin token (`Authorization: Bearer` or `X-Lifeguard-Token`) when
+`admin_token` is set; inference auth belongs to vLLM and passes through untouched; hop-by-hop headers are
+stripped both ways and nothing is added (no X-Forwarded-For: TRL reads it as the NCCL host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.routes import AT_ONCE_PATHS, LIFECYCLE_PATHS
+
+from .conftest import Stack
+
+TOKEN = "s3cret-admin-token-4f9a"
+INFERENCE_KEY = "sk-user-key-77c1"
+
+# A valid call per route, so that only the token decides the answer.
+VALID: dict[str, tuple[dict[str, str], Any]] = {
+    "/sleep": ({"level": "1"}, None),
+    "/wake_up": ({}, None),
+    "/pause": ({"mode": "keep"}, None),
+    "/resume": ({}, None),
+    "/start_weight_update": ({}, None),
+    "/update_weights": ({}, {"update_info": {}}),
+    "/finish_weight_update": ({}, None),
+    "/collective_rpc": ({}, {"method": "reload_weights"}),
+    "/init_weight_transfer_engine": ({}, {"init_info": {}}),
+    "/update_weight_version": ({}, {"new_version": "v2"}),
+    "/abort_requests": ({}, {"request_ids": []}),
+    "/reset_prefix_cache": ({}, None),
+}
+GUARDED = sorted(set(LIFECYCLE_PATHS) | set(AT_ONCE_PATHS))
+
+
+def _call(path: str) -> tuple[dict[str, str], Any]:
+    return VALID.get(path, ({}, None))
+
+
+@pytest.mark.parametrize("path", GUARDED)
+async def test_a_guarded_route_without_the_token_is_401_and_never_reaches_vllm(
+    make_stack: Callable[..., Awaitable[Stack]], path: str
+) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    before = dict(stack.sim.counters)
+    params, body = _call(path)
+    resp = await stack.client.post(path, params=params, json=body)
+    assert resp.status == 401, await resp.text()
+    assert resp.headers["X-Lifeguard-Reason"] == "unauthorized"
+    assert (await resp.json())["error"]["type"] == "AuthenticationError"
+    assert dict(stack.sim.counters) == before
+
+
+@pytest.mark.parametrize("header", ["Authorization", "X-Lifeguard-Token"])
+@pytest.mark.parametrize("path", GUARDED)
+async def test_a_guarded_route_with_a_wrong_token_is_403(
+    make_stack: Callable[..., Awaitable[Stack]], path: str, header: str
+) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    before = dict(stack.sim.counters)
+    value = "Bearer not-the-token" if header == "Authorization" else "not-the-token"
+    params, body = _call(path)
+    resp = await stack.client.post(path, params=params, json=body, headers={header: value})
+    assert resp.status == 403, await resp.text()
+    assert resp.headers["X-Lifeguard-Reason"] == "forbidden"
+    assert dict(stack.sim.counters) == before
+
+
+@pytest.mark.parametrize("header", ["Authorization", "X-Lifeguard-Token"])
+@pytest.mark.parametrize("path", GUARDED)
+async def test_a_guarded_route_with_the_token_is_let_through(
+    make_stack: Callable[..., Awaitable[Stack]], path: str, header: str
+) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    value = f"Bearer {TOKEN}" if header == "Authorization" else TOKEN
+    params, body = _call(path)
+    resp = await stack.client.post(path, params=params, json=body, headers={header: value})
+    assert resp.status not in (401, 403), await resp.text()
+    assert resp.headers.get("X-Lifeguard-Reason") not in ("unauthorized", "forbidden")
+
+
+async def test_the_bearer_scheme_is_case_insensitive_and_a_token_prefix_is_not_enough(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    ok = await stack.client.post("/pause", params={"mode": "keep"}, headers={"Authorization": f"bearer {TOKEN}"})
+    assert ok.status == 200
+    prefix = await stack.client.post("/resume", headers={"Authorization": f"Bearer {TOKEN[:-1]}"})
+    assert prefix.status == 403
+    longer = await stack.client.post("/resume", headers={"X-Lifeguard-Token": TOKEN + "x"})
+    assert longer.status == 403
+
+
+async def test_without_an_admin_token_the_lifecycle_is_open(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack()
+    resp = await stack.client.post("/pause", params={"mode": "keep"})
+    assert resp.status == 200
+
+
+async def test_inference_needs_no_admin_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    resp = await stack.completion()
+    assert resp.status == 200
+
+
+async def test_the_proxy_s_own_routes_need_no_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack(admin_token=TOKEN)
+    for path in ("/lifeguard/state", "/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/metrics"):
+        assert (await stack.client.get(path)).status == 200, path
+
+
+def test_the_token_does_not_show_in_the_settings_repr() -> None:
+    settings = Settings(upstream="http://127.0.0.1:1", admin_token=SecretStr(TOKEN))
+    assert TOKEN not in repr(settings) and TOKEN not in str(settings)
+    assert TOKEN not in settings.model_dump_json()
+
+
+# ----- an echo upstream: what vLLM receives, exactly
+class Echo:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+
+        async def flags(request: web.Request) -> web.Response:
+            name = request.path.strip("/")
+            return web.json_response({name: False})
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(status=200)
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text="", content_type="text/plain")
+
+        async def echo(request: web.Request) -> web.Response:
+            self.seen.append((request.path, list(request.headers.items())))
+            return web.json_response(
+                {"choices": [{"text": "ok"}]},
+                headers={"Keep-Alive": "timeout=5", "Proxy-Authenticate": "Basic", "X-Upstream": "yes"},
+            )
+
+        app.router.add_get("/health", health)
+        app.router.add_get("/is_sleeping", flags)
+        app.router.add_get("/is_paused", flags)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_route("*", "/{tail:.*}", echo)
+        return app
+
+    def headers_for(self, path: str) -> dict[str, str]:
+        matches = [dict((k.lower(), v) for k, v in h) for p, h in self.seen if p == path]
+        assert matches, f"the upstream never saw {path}: {[p for p, _ in self.seen]}"
+        return matches[-1]
+
+
+async def _echo_stack(aiohttp_server: Any, aiohttp_client: Any, **overrides: Any) -> tuple[TestClient[Any, Any], Echo]:
+    echo = Echo()
+    server: TestServer = await aiohttp_server(echo.app())
+    settings = Settings(upstream=str(server.make_url("")).rstrip("/"), gpu_probe="none", canary_enabled=False,
+                        reconcile_interval_s=0.2, **overrides)  # fmt: skip
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
+    deadline = time.monotonic() + 5
+    while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
+        assert time.monotonic() < deadline, "the proxy never reached RUNNING"
+        await asyncio.sleep(0.01)
+    return client, echo
+
+
+async def test_inference_authorization_reaches_vllm_untouched(aiohttp_server: Any, aiohttp_client: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, aiohttp_client, admin_token=TOKEN)
+    resp = await client.post(
+        "/v1/completions", json={"prompt": "x"}, headers={"Authorization": f"Bearer {INFERENCE_KEY}"}
+    )
+    assert resp.status == 200
+    assert echo.headers_for("/v1/completions")["authorization"] == f"Bearer {INFERENCE_KEY}"
+
+
+async def test_hop_by_hop_headers_are_stripped_both_ways(aiohttp_server: Any, aiohttp_client: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, aiohttp_client)
+    sent = {
+        "Connection": "keep-alive, X-Drop-Me",
+        "X-Drop-Me": "1",
+        "Keep-Alive": "timeout=5",
+        "TE": "trailers",
+        "Trailer": "X-Checksum",
+        "Proxy-Authorization": "Basic Zm9vOmJhcg==",
+        "X-Session-ID": "kept",
+        "X-data-parallel-rank": "3",
+    }
+    resp = await client.post("/v1/completions", json={"prompt": "x"}, headers=sent)
+    assert resp.status == 200
+    seen = echo.headers_for("/v1/completions")
+    for name in ("x-drop-me", "keep-alive", "te", "trailer", "proxy-authorization"):
+        assert name not in seen, f"{name} reached vLLM"
+    assert seen["x-session-id"] == "kept" and seen["x-data-parallel-rank"] == "3"
+    assert "Proxy-Authenticate" not in resp.headers and "Keep-Alive" not in resp.headers
+    assert resp.headers["X-Upstream"] == "yes"
+
+
+async def test_nothing_is_added_on_the_way_to_vllm(aiohttp_server: Any, aiohttp_client: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, aiohttp_client)
+    resp = await client.post("/v1/completions", json={"prompt": "x"})
+    assert resp.status == 200
+    seen = echo.headers_for("/v1/completions")
+    for name in ("x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "forwarded", "via", "x-real-ip"):
+        assert name not in seen, f"the proxy added {name}"
+
+
+async def test_no_token_reaches_the_logs(make_stack: Callable[..., Awaitable[Stack]],
+                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    stack = await make_stack(admin_token=TOKEN)
+    await stack.client.post("/sleep", params={"level": "1"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    await stack.client.post("/wake_up", headers={"X-Lifeguard-Token": TOKEN})
+    await stack.client.post("/pause", headers={"Authorization": f"Bearer {TOKEN}x"})
+    await stack.client.post("/resume", headers={"X-Lifeguard-Token": "wrong-" + TOKEN})
+    await stack.client.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "x", "max_tokens": 2},
+        headers={"Authorization": f"Bearer {INFERENCE_KEY}"},
+    )
+    state = await (await stack.client.get("/lifeguard/state")).text()
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert caplog.records, "nothing was logged at all: the check would prove nothing"
+    for secret in (TOKEN, INFERENCE_KEY):
+        assert secret not in caplog.text
+        assert secret not in state and secret not in metrics
