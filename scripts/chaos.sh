@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `make chaos`: the reliability suites against the real processes.
+#   1. the schemathesis run against the proxy's own API (docs/openapi.yaml): no 5xx made by the proxy;
+#   2. the chaos run (tests/chaos/chaos_run.py): prints the figures, exits non-zero on a broken invariant.
+#
+#   bash scripts/chaos.sh                  # full run: 600 s of chaos (CHAOS_DURATION), >= 10,000 requests
+#   bash scripts/chaos.sh --quick          # bounded CI run, under 3 minutes (also CHAOS_QUICK=1)
+#   bash scripts/chaos.sh --duration 120   # any other length; more flags go to chaos_run.py (--seed, --strict, --keep)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+if [ ! -x "$PY" ]; then
+    echo "chaos.sh: no virtual environment at $VENV (run make setup)" >&2
+    exit 2
+fi
+
+if ! "$PY" -c "import schemathesis" 2>/dev/null; then
+    "$VENV/bin/pip" install -q -r requirements-chaos.txt
+fi
+
+echo "== schemathesis against the proxy (docs/openapi.yaml)"
+"$VENV/bin/pytest" -q -p no:cacheprovider -o addopts="" tests/e2e/test_bad_input.py -k schemathesis
+
+echo "== chaos run"
+exec "$PY" tests/chaos/chaos_run.py "$@"
