@@ -245,7 +245,7 @@ class LifecycleCoordinator:
         reply = await self._upstream(sent, "/wake_up", hint=State.SLEEPING)
         memory = None
         if view.sleep_level != 0:
-            memory = "restored" if full else ("weights_restored" if "weights" in targets else None)
+            memory = "restored" if full else "part_restored"
         canary = full and self.record.weights_stale != "discarded"
         verdict = await self._verifier.verify(
             Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
@@ -305,6 +305,8 @@ class LifecycleCoordinator:
         return _reply_result(reply, None)
 
     async def _do_update_weights(self, call: LifecycleCall) -> OpResult:
+        if self.record.weight_update_active:  # a session opened while this call waited its turn
+            return await self._forward_in_session(call)
         prev = self.state  # no session open: this call is a session of its own
         self.record.fire("begin_weight_update")
         try:

@@ -28,7 +28,7 @@ from .upstream import Observation, VllmClient
 
 @dataclass(frozen=True)
 class Expectation:
-    """The state an operation promises. `memory`: "freed", "restored", "weights_restored" or None."""
+    """The state an operation promises. `memory`: "freed", "restored", "part_restored" or None."""
 
     sleeping: bool
     paused: bool | None = None
@@ -189,7 +189,7 @@ class Verifier:
             return "unknown: no memory reading from before the wake"
         grown = used - before.used_bytes
         if grown < s.weights_wake_min_fraction * footprint:
-            return f"waking the weights added only {_gib(max(grown, 0))}; the weights did not come back"
+            return f"the partial wake added only {_gib(max(grown, 0))}; what it woke did not come back"
         return None
 
     async def record_golden(self) -> None:

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
@@ -55,13 +54,6 @@ async def test_reload_weights_is_refused_while_the_weights_sleep(aiohttp_server:
     assert (await (await client.get("/lifeguard/state")).json())["weights_stale"] is True
 
 
-@pytest.mark.xfail(
-    reason="coordinator.submit decides 'implicit one-call session' for /update_weights when it is submitted, "
-    "outside the lock; queued behind a /start_weight_update that then opens a session, _do_update_weights runs "
-    "from UPDATING_WEIGHTS and fire('begin_weight_update') raises transitions.MachineError: 503 proxy_error "
-    "instead of forwarding it inside the now-open session",
-    strict=True,
-)
 async def test_an_update_queued_behind_the_start_of_a_session_is_forwarded_in_that_session(
     aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
 ) -> None:
@@ -77,12 +69,6 @@ async def test_an_update_queued_behind_the_start_of_a_session_is_forwarded_in_th
     assert update.status == 200, await update.text()
 
 
-@pytest.mark.xfail(
-    reason="coordinator._do_wake_up verifies a wake of the kv cache alone by the flags only (Expectation "
-    "sleeping=True, memory=None): a /wake_up?tags=kv_cache that does nothing (vLLM answers 200) is answered 200 "
-    "and the record drops kv_cache from asleep_tags; the GPU memory check should see the kv cache come back",
-    strict=True,
-)
 async def test_a_wake_of_the_kv_cache_alone_that_did_nothing_is_caught(aiohttp_server: Any, aiohttp_client: Any,
                                                                       tmp_path: Path) -> None:  # fmt: skip
     client, engine = await _stack(aiohttp_server, aiohttp_client, tmp_path)

@@ -229,24 +229,24 @@ async def test_wake_that_restored_enough_passes_and_too_little_fails() -> None:
     assert failed.failed.detail == "wake restored only 44.00 GiB of the awake 50.00 GiB; at least 90% expected"
 
 
-async def test_weights_only_wake_must_add_roughly_the_weights() -> None:
+async def test_a_partial_wake_must_add_memory_back() -> None:
     grew, _, _ = verifier(FakeClient([ASLEEP]), [used(7)])
     grew.note_awake(used(50))  # 5% of 50 GiB = 2.5 GiB
     flat, _, _ = verifier(FakeClient([ASLEEP]), [used(6)])
     flat.note_awake(used(50))
 
-    passed = await grew.verify(Expectation(sleeping=True, memory="weights_restored"), memory_before=used(4))
-    failed = await flat.verify(Expectation(sleeping=True, memory="weights_restored"), memory_before=used(4))
+    passed = await grew.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=used(4))
+    failed = await flat.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=used(4))
 
     assert results(passed)["memory"] == "pass"
-    assert failed.failed is not None and "the weights did not come back" in failed.failed.detail
+    assert failed.failed is not None and "did not come back" in failed.failed.detail
 
 
 async def test_weights_only_wake_without_a_reading_before_is_unavailable_not_failed() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(20)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="weights_restored"), memory_before=UNAVAILABLE)
+    verdict = await v.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=UNAVAILABLE)
 
     assert results(verdict)["memory"] == "unavailable" and verdict.failed is None
 
