@@ -296,13 +296,17 @@ T_FIELD = re.compile(rb'"t":(\d+)')
 
 
 class SseClient(asyncio.Protocol):
-    """One SSE stream: sends the request, then turns every event's send stamp into a latency."""
+    """One SSE stream: sends the request, then, while the window is open, turns every event's send stamp
+    into a latency. Streams are endless; the harness closes them when the window ends."""
 
     def __init__(self, request: bytes, shared: SseShared) -> None:
         self.request = request
         self.shared = shared
         self.buf = b""
-        self.done = asyncio.get_running_loop().create_future()
+        self.window_events = 0
+        self.flowing = False  # it has delivered an event
+        self.lost: Exception | None = None
+        self.closed_early = False
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -315,25 +319,28 @@ class SseClient(asyncio.Protocol):
             self.buf = buf
             return
         part, self.buf = buf[:cut], buf[cut + 2 :]
-        now = time.monotonic_ns()
         sh = self.shared
-        for stamp in T_FIELD.findall(part):
-            sent = int(stamp)
-            if sent >= sh.warm_ns:
-                sh.latencies.append(now - sent)
-                sh.last_ns = now
-        if b"[DONE]" in part and not self.done.done():
-            self.done.set_result(None)
+        if not self.flowing:
+            self.flowing = True
+            sh.flowing += 1
+        if not sh.measuring:
+            return
+        now = time.monotonic_ns()
+        stamps = T_FIELD.findall(part)
+        self.window_events += len(stamps)
+        sh.latencies.extend(now - int(stamp) for stamp in stamps)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(ConnectionError(f"stream closed early: {exc!r}"))
+        if not self.shared.closing:
+            self.closed_early = True
+            self.lost = exc
 
 
 @dataclass
 class SseShared:
-    warm_ns: int = 2**62
-    last_ns: int = 0
+    measuring: bool = False
+    closing: bool = False
+    flowing: int = 0
     latencies: array = field(default_factory=lambda: array("q"))
 
 
@@ -343,47 +350,105 @@ def percentile(sorted_values: Any, q: float) -> float:
     return float(sorted_values[min(len(sorted_values) - 1, int(q / 100 * len(sorted_values)))])
 
 
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped because a listen queue was full (TcpExt ListenOverflows)."""
+    with contextlib.suppress(OSError), open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+        for head, values in zip(lines[::2], lines[1::2], strict=False):
+            if head.startswith("TcpExt:"):
+                return int(dict(zip(head.split(), values.split(), strict=True)).get("ListenOverflows", 0))
+    return 0
+
+
 async def sse_run(rig: Rig, target: str, streams: int, rate: float, seconds: float) -> dict[str, float]:
-    """`streams` concurrent streams; the source sends `rate` events/s in all (0: as fast as it can)."""
-    per_stream = math.ceil((rate or 40_000) * seconds / streams)
+    """`streams` concurrent streams; the source sends `rate` events/s in all (0: as fast as it can).
+
+    The window is a fixed time: it opens once every stream has delivered an event and a warm-up has passed, and
+    closes `seconds` later, when the streams are cut. The streams are endless, so however long the
+    connections take to open (a listen queue that overflows costs 1-3 s of SYN retries) or however fast
+    the relay is, the window always measures all `streams` at once, and events, latencies and the proxy's
+    CPU time are all taken over the same window."""
     status, _ = await http(rig.sse_port, "POST", f"/bench/config?rate={rate:g}")
     assert status == 200
-    body = b'{"model":"tiny","prompt":"x","stream":true,"max_tokens":%d}' % per_stream
+    body = b'{"model":"tiny","prompt":"x","stream":true,"max_tokens":%d}' % 10**12
     request = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     shared = SseShared()
     loop = asyncio.get_running_loop()
     pid = rig.proxy_pid(target)
     port = rig.port(target, sse=True)
-    conns = []
-    for start in range(0, streams, 128):
-        batch = [
-            loop.create_connection(lambda: SseClient(request, shared), "127.0.0.1", port)
-            for _ in range(min(128, streams - start))
-        ]
-        conns += [proto for _, proto in await asyncio.gather(*batch)]
-    warm = 0.3 if seconds >= 2 else 0.15
-    shared.warm_ns = time.monotonic_ns() + int(warm * 1e9)
-    await asyncio.sleep(warm)
-    cpu0 = cpu_seconds(pid) if pid else 0.0
-    count0 = len(shared.latencies)
-    await asyncio.sleep(seconds / 2)
-    rss = rss_bytes(pid) if pid else 0
-    async with asyncio.timeout(seconds * 4 + 30):
-        await asyncio.gather(*(c.done for c in conns))
-    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
-    for c in conns:
-        c.transport.close()
+    conns: list[SseClient] = []
+    overflows0 = listen_overflows()
+    t0 = time.monotonic()
+    try:
+        for start in range(0, streams, 128):
+            batch = [
+                loop.create_connection(lambda: SseClient(request, shared), "127.0.0.1", port)
+                for _ in range(min(128, streams - start))
+            ]
+            conns += [proto for _, proto in await asyncio.gather(*batch)]
+        connect_s = time.monotonic() - t0
+        # A connect() that returned is not a stream the proxy serves: when its listen queue overflowed, the
+        # kernel drops the handshake's last ACK and the proxy sees the connection only after SYN-ACK retries.
+        ready_by = t0 + 30
+        while shared.flowing < streams and time.monotonic() < ready_by:
+            await asyncio.sleep(0.005)
+        ready_s = time.monotonic() - t0
+        overflows = listen_overflows() - overflows0
+        if shared.flowing < streams:
+            log(f"  sse {target}: only {shared.flowing} of {streams} streams delivered an event within 30 s")
+        await asyncio.sleep(0.3 if seconds >= 2 else 0.15)  # warm-up
+        cpu0 = cpu_seconds(pid) if pid else 0.0
+        w0 = time.monotonic_ns()
+        shared.measuring = True
+        await asyncio.sleep(seconds / 2)
+        rss = rss_bytes(pid) if pid else 0
+        await asyncio.sleep(seconds / 2)
+        shared.measuring = False
+        w1 = time.monotonic_ns()
+        cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    finally:
+        shared.closing = True
+        for c in conns:
+            c.transport.close()
+    await sse_drained(rig)
+    early = [c for c in conns if c.closed_early]
+    if early:
+        raise RuntimeError(f"{target}: {len(early)} of {streams} SSE streams closed early ({early[0].lost!r})")
+    idle = sum(1 for c in conns if c.window_events == 0)
+    if idle:
+        log(f"  sse {target} {streams} streams: {idle} stream(s) delivered nothing in the window")
     lat = sorted(shared.latencies)
     events = len(lat)
-    elapsed = (shared.last_ns - shared.warm_ns) / 1e9
+    window_s = (w1 - w0) / 1e9
+    if ready_s > 0.5 or overflows:
+        log(
+            f"  sse {target} {streams} streams: connect() took {connect_s:.2f} s, every stream delivering "
+            f"{ready_s:.2f} s ({overflows} listen-queue overflows)"
+        )
     return {
-        "events_per_s": events / elapsed if elapsed > 0 else math.nan,
+        "events_per_s": events / window_s,
         "p50_us": percentile(lat, 50) / 1000,
         "p99_us": percentile(lat, 99) / 1000,
-        "cpu_us_per_event": cpu / max(events - count0, 1) * 1e6 if pid else math.nan,
+        "cpu_us_per_event": cpu / events * 1e6 if pid and events else math.nan,
         "rss": rss,
+        "events": events,
+        "window_s": window_s,
+        "idle_streams": idle,
+        "connect_ms": connect_s * 1000,
+        "ready_ms": ready_s * 1000,
+        "listen_overflows": overflows,
     }
+
+
+async def sse_drained(rig: Rig, timeout: float = 15.0) -> None:
+    """Wait until the fake vLLM has seen every cut stream go, so no relay work spills into the next run."""
+
+    async def none_open() -> bool:
+        _, raw = await http(rig.sse_port, "GET", "/bench/stats")
+        return bool(json.loads(raw)["streams"] == 0)
+
+    await wait_until(none_open, "the fake vLLM's streams to close", timeout=timeout)
 
 
 async def bench_sse(rig: Rig, streams_list: tuple[int, ...], rate: float, seconds: float, reps: int) -> dict[str, Any]:
@@ -398,14 +463,16 @@ async def bench_sse(rig: Rig, streams_list: tuple[int, ...], rate: float, second
                 runs.setdefault(f"{target}@{streams}", []).append(r)
                 log(
                     f"sse {streams} streams @{rate:g}/s rep={rep + 1} {target:9s} {r['events_per_s']:8.0f} ev/s "
-                    f"p50 {r['p50_us']:.0f} us p99 {r['p99_us']:.0f} us cpu {r['cpu_us_per_event']:.1f} us/ev"
+                    f"p50 {r['p50_us']:.0f} us p99 {r['p99_us']:.0f} us cpu {r['cpu_us_per_event']:.1f} us/ev "
+                    f"({r['events']:.0f} events in {r['window_s']:.2f} s; ready {r['ready_ms']:.0f} ms)"
                 )
             for target in TARGETS:  # as fast as the source can send: the relay's ceiling in this rig
                 r = await sse_run(rig, target, streams, 0, seconds)
                 runs.setdefault(f"{target}@{streams}max", []).append(r)
                 log(
                     f"sse {streams} streams unpaced rep={rep + 1} {target:9s} {r['events_per_s']:8.0f} ev/s "
-                    f"cpu {r['cpu_us_per_event']:.1f} us/ev"
+                    f"cpu {r['cpu_us_per_event']:.1f} us/ev ({r['events']:.0f} events in {r['window_s']:.2f} s; "
+                    f"ready {r['ready_ms']:.0f} ms)"
                 )
     await rig.stop_lifeguard()
     return {key: _median_dict(v) for key, v in runs.items()}
@@ -574,11 +641,34 @@ def fmt(value: float, unit: str = "") -> str:
 
 def delta(value: float) -> str:
     """A signed difference in ms."""
+    if not ok_(value):
+        return "-"
     return ("+" if value >= 0 else "−") + fmt(abs(value), "ms")
 
 
 def verdict(ok: bool | None) -> str:
     return "" if ok is None else ("met" if ok else "**missed**")
+
+
+def ok_(value: Any) -> bool:
+    """A figure that was measured (not missing, not nan, not infinite)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if ok_(a) and ok_(b) and b else math.nan
+
+
+def judged(value: float, test: Callable[[float], bool]) -> bool | None:
+    """A verdict only for a figure that was measured: an unmeasured one is neither met nor missed."""
+    return test(value) if ok_(value) else None
+
+
+def per_event(us: float) -> str:
+    """CPU µs per SSE event, and the events/s one core would relay at that cost."""
+    if not ok_(us) or us <= 0:
+        return "-"
+    return f"{us:.1f} µs (→ {1e6 / us:,.0f})"
 
 
 def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
@@ -588,7 +678,7 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
         d, n, lg = fixed.get(f"direct@{c}"), fixed.get(f"nginx@{c}"), fixed.get(f"lifeguard@{c}")
         if not (d and n and lg):
             continue
-        ratio = lg["rps"] / n["rps"]
+        vs_nginx = ratio(lg["rps"], n["rps"])
         target = "≥ 0.3× nginx" if c == 64 else ""
         rows.append(
             [
@@ -596,10 +686,10 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 fmt(d["rps"]),
                 fmt(n["rps"]),
                 fmt(lg["rps"]),
-                fmt(lg["rps"] / d["rps"], "x"),
-                fmt(ratio, "x"),
+                fmt(ratio(lg["rps"], d["rps"]), "x"),
+                fmt(vs_nginx, "x"),
                 target,
-                verdict(ratio >= 0.3 if c == 64 else None),
+                verdict(judged(vs_nginx, lambda v: v >= 0.3) if c == 64 else None),
             ]
         )
         for q in ("p50", "p99"):
@@ -631,7 +721,7 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 fmt(n["cpu_us_per_req"], "us"),
                 fmt(lg["cpu_us_per_req"], "us"),
                 "",
-                fmt(lg["cpu_us_per_req"] / n["cpu_us_per_req"], "x"),
+                fmt(ratio(lg["cpu_us_per_req"], n["cpu_us_per_req"]), "x"),
                 "",
                 "",
             ]
@@ -652,22 +742,22 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                     fmt(d["events_per_s"]),
                     fmt(n["events_per_s"]),
                     fmt(lg["events_per_s"]),
-                    fmt(lg["events_per_s"] / d["events_per_s"], "x"),
-                    fmt(lg["events_per_s"] / n["events_per_s"], "x"),
+                    fmt(ratio(lg["events_per_s"], d["events_per_s"]), "x"),
+                    fmt(ratio(lg["events_per_s"], n["events_per_s"]), "x"),
                     "≥ 50,000/s",
-                    verdict(lg["events_per_s"] >= 50_000),
+                    verdict(judged(lg["events_per_s"], lambda v: v >= 50_000)),
                 ]
             )
             rows.append(
                 [
                     f"proxy CPU per SSE event (→ events/s per core), {s} streams",
                     "",
-                    f"{n['cpu_us_per_event']:.1f} µs (→ {1e6 / n['cpu_us_per_event']:,.0f})",
-                    f"{lg['cpu_us_per_event']:.1f} µs (→ {1e6 / lg['cpu_us_per_event']:,.0f})",
+                    per_event(n["cpu_us_per_event"]),
+                    per_event(lg["cpu_us_per_event"]),
                     "",
-                    fmt(lg["cpu_us_per_event"] / n["cpu_us_per_event"], "x"),
+                    fmt(ratio(lg["cpu_us_per_event"], n["cpu_us_per_event"]), "x"),
                     "≥ 50,000/s",
-                    verdict(1e6 / lg["cpu_us_per_event"] >= 50_000),
+                    verdict(judged(lg["cpu_us_per_event"], lambda v: v > 0 and 1e6 / v >= 50_000)),
                 ]
             )
         d, n, lg = sse.get(f"direct@{s}"), sse.get(f"nginx@{s}"), sse.get(f"lifeguard@{s}")
@@ -679,8 +769,8 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 fmt(d["events_per_s"]),
                 fmt(n["events_per_s"]),
                 fmt(lg["events_per_s"]),
-                fmt(lg["events_per_s"] / d["events_per_s"], "x"),
-                fmt(lg["events_per_s"] / n["events_per_s"], "x"),
+                fmt(ratio(lg["events_per_s"], d["events_per_s"]), "x"),
+                fmt(ratio(lg["events_per_s"], n["events_per_s"]), "x"),
                 "",
                 "",
             ]
@@ -694,6 +784,19 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
                     fmt(lg[f"{q}_us"] / 1000, "ms"),
                     delta((lg[f"{q}_us"] - d[f"{q}_us"]) / 1000),
                     delta((lg[f"{q}_us"] - n[f"{q}_us"]) / 1000),
+                    "",
+                    "",
+                ]
+            )
+        if "ready_ms" in lg:
+            rows.append(
+                [
+                    f"SSE: {s} streams opened at once → every one delivering, paced",
+                    fmt(d["ready_ms"], "ms"),
+                    fmt(n["ready_ms"], "ms"),
+                    fmt(lg["ready_ms"], "ms"),
+                    delta(lg["ready_ms"] - d["ready_ms"]),
+                    delta(lg["ready_ms"] - n["ready_ms"]),
                     "",
                     "",
                 ]
