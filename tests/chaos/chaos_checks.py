@@ -169,10 +169,6 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
             shown = [{k: s[k] for k in ("executor_tags", "paused", "weight_update_active", "dead")} for s in window]
             call.detail = f"engine was {shown}"
             known = ""
-            asked = _tags(call.query)
-            if call.kind == "wake_up" and asked is not None and "weights" not in asked:
-                if any("kv_cache" in s["executor_tags"] for s in window):
-                    known = "kv_wake_unverified"
             if (call.noop or call.deferred) and all(s["dead"] for s in window):
                 if call.t_send - dead_since(timeline, call.t_send) < STALE_S:
                     known = "stale_noop"
@@ -186,10 +182,6 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
 STALE_S = 1.0
 
 KNOWN_BUGS = {
-    "update_queued_behind_start": "tests/chaos/test_core_bugs.py::"
-    "test_an_update_queued_behind_the_start_of_a_session_is_forwarded_in_that_session (xfail)",
-    "kv_wake_unverified": "tests/chaos/test_core_bugs.py::test_a_wake_of_the_kv_cache_alone_that_did_nothing_is_caught "
-    "(xfail)",
     "in_transit_ran_stale": "a request in transit during a level-2 sleep, queued by vLLM, ran after the wake on "
     "discarded weights (docs/reliability.md: a design limit, reported to the core)",
     "stale_noop": "a no-op answered within one reconcile round of an engine death (docs/reliability.md)",

@@ -280,13 +280,7 @@ def report(
     by_op = Counter(f"{c.kind}:{c.outcome}" for c in lifecycle)
     proxy_500 = [c for c in tally.calls if c.status == 500 and c.reason]
     known: Counter[str] = Counter()
-    proxy_bugs = []
-    for c in tally.calls:
-        if c.reason == "proxy_error":
-            if c.kind == "update_weights" and not args.strict:
-                known["update_queued_behind_start"] += 1
-            else:
-                proxy_bugs.append(c)
+    proxy_bugs = [c for c in tally.calls if c.reason == "proxy_error"]
     bad_inference = [c for c in inference if c.outcome in BAD_INFERENCE or c.outcome == "pending"]
     bad_lifecycle = [c for c in lifecycle if c.outcome not in ("ok", "noop", "proxy_error")]
     checked, lies = untruthful(lifecycle, journal.timeline)
