@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -357,10 +357,10 @@ class LifecycleCoordinator:
             self.record.adopt(obs, hint=hint, message=exc.message)
             raise
 
-    async def _watching(self, work: Awaitable[T]) -> T:
+    async def _watching(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work`, but give up as soon as vLLM's /health says the engine is gone: a utility call in
         flight when the engine dies is never completed by vLLM (#57853), it would hang to its deadline."""
-        task = spawn(_awaited(work), name="lifecycle:upstream")
+        task = spawn(work, name="lifecycle:upstream")
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self._settings.reconcile_interval_s)
@@ -448,7 +448,3 @@ def _outcome_of(error: LifeguardError) -> str:
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-async def _awaited(work: Awaitable[T]) -> T:
-    return await work
