@@ -19,7 +19,7 @@ from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .forward import Forwarder
 from .gate import RequestGate
-from .gpu import GpuMemoryReader, make_reader
+from .gpu import GpuMemoryReader, GpuReading, make_reader
 from .handlers import (
     COORDINATOR,
     FORWARDER,
@@ -127,10 +127,7 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
     return context
 
 
-def _report_memory(metrics: Metrics, reading: object) -> None:
-    from .gpu import GpuReading
-
-    assert isinstance(reading, GpuReading)
+def _report_memory(metrics: Metrics, reading: GpuReading) -> None:
     metrics.gpu_probe_available(reading.available)
     for device in reading.devices:
         metrics.gpu_memory(device.gpu, device.used_bytes, device.total_bytes)

@@ -30,18 +30,9 @@ from aiohttp import web
 from proxy.sim.app import SIM_ENGINE, create_sim_app
 from proxy.sim.cli import build_parser, settings_from
 from proxy.sim.engine import Engine
-from proxy.sim.faults import Fired
+from proxy.sim.faults import OPS, Fired
 
-LIFECYCLE_METHODS = (
-    "sleep",
-    "wake_up",
-    "pause",
-    "resume",
-    "start_weight_update",
-    "update_weights",
-    "finish_weight_update",
-    "collective_rpc",
-)
+LIFECYCLE_METHODS = tuple(op for op in OPS if op != "generate")
 
 
 class Journal:
