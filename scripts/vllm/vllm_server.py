@@ -116,7 +116,7 @@ class VllmServer:
             "--port",
             str(self.port),
             "--max-model-len",
-            "512",
+            "4096",
             "--enforce-eager",
             "--enable-server-load-tracking",
             "--enable-prompt-tokens-details",

@@ -15,7 +15,9 @@ from typing import Any
 
 import aiohttp
 
-LONG_STREAM_TOKENS = 400
+# Long enough that a sleep or pause sent at the first token lands mid-stream on real vLLM (~275 tokens/s
+# here, max-model-len 4096); 400 tokens (1.4 s) sometimes finished first on a quiet machine.
+LONG_STREAM_TOKENS = 3000
 
 
 @dataclass

@@ -13,7 +13,9 @@ import aiohttp
 import pytest
 
 MODEL = "tiny"  # --served-model-name of the session's vLLM
-LONG = 480  # max_tokens of a "long" stream: ~2-3 s on the 2-core CI machine (max-model-len 512)
+# max_tokens of a "long" stream: ~11 s at the ~275 tokens/s the tiny model makes on one quiet core (max-model-len
+# 4096). Tests pause, sleep or kill mid-stream; at 480 tokens (1.7 s) vLLM sometimes finished first.
+LONG = 3000
 
 T = TypeVar("T")
 Samples = list[tuple[str, dict[str, str], float]]
@@ -162,6 +164,9 @@ class StreamReader:
         self.events: list[Any] = []  # parsed JSON of each `data:` line ("[DONE]" kept as the string)
         self.status: int | None = None
         self.started = asyncio.Event()  # set at the first choice chunk
+        self.sent_at: float | None = None  # monotonic: request sent, headers in, first choice chunk
+        self.headers_at: float | None = None
+        self.first_chunk_at: float | None = None
 
     @property
     def chunks(self) -> list[dict[str, Any]]:
@@ -192,8 +197,17 @@ class StreamReader:
     def errors(self) -> list[Any]:
         return [e for e in self.events if isinstance(e, dict) and "error" in e]
 
+    def timing(self) -> str:
+        """For failure messages: when the stream's milestones came, relative to sending it."""
+        t0 = self.sent_at or 0.0
+        marks = {"headers": self.headers_at, "first chunk": self.first_chunk_at}
+        shown = ", ".join(f"{k} +{v - t0:.3f} s" for k, v in marks.items() if v is not None)
+        return f"{shown or 'nothing received'}; {len(self.chunks)} chunks, finish {self.finish_reason}"
+
     async def run(self, s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> StreamReader:
+        self.sent_at = time.monotonic()
         async with s.post(url, json=body) as r:
+            self.headers_at = time.monotonic()
             self.status = r.status
             if r.status != 200:
                 self.events.append(await r.json(content_type=None))
@@ -203,8 +217,10 @@ class StreamReader:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
-                self.events.append(data if data == "[DONE]" else json.loads(data))
-                if self.chunks:
+                event = data if data == "[DONE]" else json.loads(data)
+                self.events.append(event)
+                if not self.started.is_set() and isinstance(event, dict) and event.get("choices"):
+                    self.first_chunk_at = time.monotonic()
                     self.started.set()
         return self
 
