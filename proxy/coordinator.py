@@ -33,13 +33,14 @@ from .errors import (
     VerificationFailed,
 )
 from .gate import RequestGate
+from .gpu import GpuReading
 from .metrics import Metrics
 from .probes import Expectation, Verdict, Verifier
 from .record import EngineRecord
 from .rules import Noop, Record, Refuse, admission, judge, wake_targets
 from .states import State
 from .tasks import spawn
-from .upstream import Reply, VllmClient
+from .upstream import Observation, Reply, VllmClient
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
@@ -402,11 +403,27 @@ class LifecycleCoordinator:
         async with self._lock:
             obs = await self._client.observe()
             memory = await self._verifier.read_memory()
-            self.record.reconcile_with(obs)
+            if await self._healed(obs, memory):
+                return
+            self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
                     await self._verifier.record_golden()
+
+    async def _healed(self, obs: Observation, memory: GpuReading) -> bool:
+        """FAILED on a healthy, awake engine (garbage, memory not back): re-run the check that failed."""
+        failure = self.record.failure_kind
+        if self.state is not State.FAILED or failure not in ("garbage", "memory"):
+            return False
+        if not (obs.reachable and obs.healthy and obs.sleeping is False and not obs.paused):
+            return False  # asleep or paused: nothing to re-check (a canary would be held); restart or reconcile
+        check = await self._verifier.recheck(failure, memory, canary=self.record.weights_stale != "discarded")
+        if check.result != "pass":
+            return False
+        self.record.healed(obs)
+        self._verifier.note_awake(memory)
+        return True
 
     def close(self) -> None:
         self._gate.close()

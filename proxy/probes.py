@@ -115,6 +115,24 @@ class Verifier:
         if reading.available and reading.used_bytes > 0:
             self.awake_footprint = reading.used_bytes
 
+    def memory_freed(self, reading: GpuReading) -> bool | None:
+        """Whether `reading` shows a level-1/2 sleep's memory gone; None when we cannot tell."""
+        if not reading.available or not self.awake_footprint:
+            return None
+        return self._memory_problem("freed", reading, None) is None
+
+    async def recheck(self, failure: str, reading: GpuReading, *, canary: bool) -> Check:
+        """One quick look, without polling, at an awake engine that failed verification ("garbage" or
+        "memory"): the first failing check, or the last passing one. A canary that timed out under load
+        or a reader that lagged must not hold the engine FAILED until someone restarts it."""
+        if failure == "memory":
+            problem = self._memory_problem("restored", reading, None) if reading.available else "unavailable"
+            if problem is not None:
+                return Check("memory", "fail", problem)
+        if self._settings.canary_enabled and (canary or failure == "garbage"):
+            return await self._check_canary()
+        return Check("memory", "pass", "restored")
+
     def forget_golden(self) -> None:
         """New weights legitimately change the answer: the next passing canary becomes the golden one."""
         self.golden = None

@@ -99,19 +99,22 @@ class EngineRecord:
             self.fire(_SETTLE_TRIGGER[state])
 
     # ----- adopting what the engine really is
-    def adopt(self, obs: Observation, *, hint: State, message: str | None = None) -> None:
+    def adopt(
+        self, obs: Observation, *, hint: State, message: str | None = None, memory_freed: bool | None = None
+    ) -> None:
         """Set our state from vLLM's flags. They cannot tell a pause from a sleep, so `hint` says which
-        of the two we were near (the operation that just failed, or the state we believed)."""
+        of the two we were near (the operation that just failed, or the state we believed).
+        `memory_freed`: whether the GPUs show the sleep's memory gone (None: cannot tell)."""
         if not obs.reachable or not obs.healthy:
             self.set_failed("unreachable", message or obs.error or "/health is not 200")
             return
         if obs.sleeping is False and not obs.paused:
             self.asleep_tags, self.sleep_level, self.user_pause = frozenset(), None, None
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
-        elif obs.metric_awake is False and obs.metric_level is not None:
-            if self.sleep_level != obs.metric_level or not self.asleep_tags:
-                self.sleep_level = obs.metric_level
-                self.asleep_tags = asleep_tags_for(obs.metric_level)
+        elif (level := _gauge_sleep_level(obs, memory_freed)) is not None:
+            if self.sleep_level != level or not self.asleep_tags:
+                self.sleep_level = level
+                self.asleep_tags = asleep_tags_for(level)
             self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
@@ -129,7 +132,7 @@ class EngineRecord:
                 self.asleep_tags = asleep_tags_for(self.sleep_level)
             self.settle(State.SLEEPING)
 
-    def reconcile_with(self, obs: Observation) -> None:
+    def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:
         """One round of the reconcile loop: engine lost, engine back, or drift."""
         state = self.state
         if not obs.reachable or not obs.healthy:
@@ -149,21 +152,26 @@ class EngineRecord:
                 self._restarted()
             state = State.STARTING
         if state is State.STARTING:
-            self.adopt(obs, hint=State.STARTING if obs.paused else State.RUNNING)
+            self.adopt(obs, hint=State.STARTING if obs.paused else State.RUNNING, memory_freed=memory_freed)
             return
         if state is State.UPDATING_WEIGHTS:
             return
         expected = (False, False) if state is State.RUNNING else (True, True)
         seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
         # The flags cannot tell a sleep from a pause; vLLM's sleep-state gauge can, one way round.
-        slept_while_paused = state is State.PAUSED and obs.metric_awake is False
+        slept_while_paused = state is State.PAUSED and _gauge_sleep_level(obs, memory_freed) is not None
         if seen != expected or slept_while_paused:
             before = state.value
-            self.adopt(obs, hint=state)
+            self.adopt(obs, hint=state, memory_freed=memory_freed)
             event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}
             self.drift_events.append(event)
             self._metrics.drift()
             log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **event})
+
+    def healed(self, obs: Observation) -> None:
+        """The check that failed (garbage, memory not back) passes again on an engine that never went away."""
+        log.warning("the failed check passes again; engine trusted again", extra={"event": "engine_healed"})
+        self.adopt(obs, hint=State.RUNNING)
 
     def _restarted(self) -> None:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
@@ -204,3 +212,13 @@ class EngineRecord:
             "transitions": list(self.history),
             "drift_events": list(self.drift_events),
         }
+
+
+def _gauge_sleep_level(obs: Observation, memory_freed: bool | None) -> int | None:
+    """The level vLLM's sleep-state gauge says, unless the GPUs contradict it. The gauge is only written by /sleep and
+    /wake_up, so a sleep that answered 200 without sleeping leaves it saying "asleep" through later pauses
+    (chaos run, lie-asleep then /pause): a paused engine taken for a sleeping one gets its /sleep no-op'd."""
+    level = obs.metric_level
+    if obs.metric_awake is not False or level is None:
+        return None
+    return level if level == 0 or memory_freed is not False else None

@@ -104,7 +104,11 @@ class Engine:
             "weight_version": self.weight_version,
             "garbage": self.garbage,
             "wedged": sorted(self.wedged),
-            "memory": {"used_bytes": self.memory.used_bytes, "total_bytes": self.memory.total_bytes},
+            "memory": {
+                "used_bytes": self.memory.used_bytes,
+                "total_bytes": self.memory.total_bytes,
+                "resident": sorted(self.memory.resident),
+            },
             "counters": dict(sorted(self.counters.items())),
             "running": self.scheduler.running,
             "waiting": self.scheduler.waiting,

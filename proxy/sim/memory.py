@@ -25,6 +25,11 @@ class GpuMemory:
     def used_bytes(self) -> int:
         return self._overhead + sum(self._sizes[tag] for tag in self._resident)
 
+    @property
+    def resident(self) -> frozenset[str]:
+        """The memory tags whose memory is mapped (a lie-memory wake leaves an awake tag out)."""
+        return frozenset(self._resident)
+
     def release(self, tags: set[str]) -> bool:
         """Unmap ``tags``; True when anything moved."""
         before = set(self._resident)

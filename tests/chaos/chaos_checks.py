@@ -219,6 +219,14 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
         return f"weight_update_active: proxy {proxy['weight_update_active']}, engine {sim['weight_update_active']}"
     if sim.get("dead"):
         return None if state == "FAILED" else f"engine is dead but the proxy says {state}"
+    if state == "FAILED":
+        # Healthy but broken: it answers garbage, or a tag it calls awake has no memory behind it. Only a
+        # restart (the healer's, or the recovery's) mends these in the simulator; the proxy must not
+        # call such an engine good. FAILED on an engine that is neither is a proxy stuck in FAILED.
+        awake_without_memory = (MEMORY_TAGS - tags) - set(sim["memory"]["resident"])
+        if sim["garbage"] or awake_without_memory:
+            return None
+        return f"proxy FAILED ({proxy.get('last_error')}), engine healthy: tags={sorted(tags)} paused={sim['paused']}"
     if state == "RUNNING":
         ok = not tags and not sim["paused"]
         return None if ok else f"proxy RUNNING, engine tags={sorted(tags)} paused={sim['paused']}"

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import ClientResponse, ClientTimeout
 
+from proxy.app import COORDINATOR
 from proxy.sim.app import SimSettings
 
 from .conftest import FAST_SIM, Stack
@@ -53,12 +54,14 @@ async def _hold_one(stack: Stack) -> asyncio.Task[ClientResponse]:
     return task
 
 
-async def _still_held(stack: Stack, task: asyncio.Task[ClientResponse], *, generated: int = 0) -> None:
-    """The held request has neither been answered nor reached the engine (`generated`: the canaries)."""
+async def _still_held(stack: Stack, task: asyncio.Task[ClientResponse], *, generated: int | None = 0) -> None:
+    """The held request has neither been answered nor reached the engine (`generated`: the canaries;
+    None where the reconcile loop's re-checks run canaries of their own)."""
     snapshot = await stack.state()
     assert snapshot["held_requests"] == 1, snapshot
     assert not task.done()
-    assert stack.sim_count("generate") == generated
+    if generated is not None:
+        assert stack.sim_count("generate") == generated
 
 
 async def _drop(task: asyncio.Task[ClientResponse]) -> None:
@@ -267,11 +270,36 @@ async def test_6_garbage_after_wake_is_caught_by_the_canary_503_failed(make_stac
     check = _failed_check(snapshot)
     assert check["name"] == "canary" and "non-finite" in check["detail"]
     assert stack.sim.state_dict()["garbage"] is True
-    await _still_held(stack, task, generated=1)  # the canary only: nothing released onto garbage
     refused = await stack.completion()
     assert refused.status == 503 and (await _error(refused))["reason"] == "engine_unavailable"
-    assert stack.sim_count("generate") == 1
+    # the reconcile loop re-runs the canary: still garbage, so it stays FAILED and releases nothing
+    await stack.wait_for(lambda s: stack.sim_count("generate") >= 3)
+    assert (await stack.state())["state"] == "FAILED"
+    await _still_held(stack, task, generated=None)
     await _drop(task)
+    assert stack.sim.violations == []
+
+
+async def test_6_garbage_that_goes_away_is_noticed_by_the_re_checked_canary_and_traffic_flows_again(
+    make_stack, aiohttp_client
+):
+    stack = await make_stack()
+    await _asleep(stack)
+    first = await stack.client.post("/wake_up")
+    assert "canary=pass" in first.headers["X-Lifeguard-Verified"]  # the golden answer is recorded
+    await _asleep(stack)
+    stack.faults("wake_up:garbage")
+    assert (await stack.client.post("/wake_up")).status == 503
+    task = _background(stack)
+    refused = await task
+    assert refused.status == 503 and (await _error(refused))["reason"] == "engine_unavailable"
+
+    engine = await aiohttp_client(stack.sim_server)  # the operator reloads the weights on vLLM directly
+    assert (await engine.post("/collective_rpc", json={"method": "reload_weights"})).status == 200
+
+    snapshot = await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 1)
+    assert snapshot["last_error"]["reason"] == "verification_failed"  # the history is kept
+    assert (await stack.completion()).status == 200
     assert stack.sim.violations == []
 
 
@@ -471,6 +499,10 @@ async def test_lie_memory_wake_flags_awake_but_memory_not_back_is_503_and_nothin
     check = _failed_check(snapshot)
     assert check["name"] == "memory" and check["value"] == stack.sim.memory.used_bytes
     assert stack.sim.state_dict()["is_sleeping"] is False
+    await _still_held(stack, task)
+    for _ in range(3):  # the re-check finds the memory still missing: FAILED, nothing released
+        await stack.proxy_app[COORDINATOR].reconcile()
+    assert (await stack.state())["state"] == "FAILED"
     await _still_held(stack, task)
     await _drop(task)
     assert stack.sim.violations == []

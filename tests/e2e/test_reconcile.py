@@ -16,6 +16,8 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
+from proxy.app import COORDINATOR
+
 from .conftest import Stack
 
 
@@ -71,6 +73,23 @@ async def test_a_pause_called_behind_our_back_is_adopted_as_paused(make_stack, a
     assert resume.status == 200 and stack.sim.state_dict()["paused"] is False
     assert (await stack.state())["state"] == "RUNNING"
     assert stack.sim.violations == []
+
+
+async def test_a_sleep_gauge_left_by_a_lying_sleep_does_not_turn_a_later_pause_into_a_sleep(make_stack):
+    stack = await make_stack()
+    stack.faults("sleep:lie-asleep")  # 200 and vLLM's sleep-state gauge says asleep; nothing slept
+    assert (await stack.client.post("/sleep?level=1")).status == 503
+    assert (await stack.state())["state"] == "RUNNING"
+    assert (await stack.client.post("/pause")).status == 200
+
+    for _ in range(3):  # the gauge still says "asleep at level 1"; the GPUs say nothing was freed
+        await stack.proxy_app[COORDINATOR].reconcile()
+
+    snapshot = await stack.state()
+    assert snapshot["state"] == "PAUSED" and snapshot["drift_events"] == [], snapshot
+    resp = await stack.client.post("/sleep?level=1")  # really forwarded: the engine really sleeps
+    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
+    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
 
 
 async def test_a_slow_pause_is_never_mistaken_for_drift(make_stack):
