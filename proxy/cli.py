@@ -99,6 +99,9 @@ async def serve(settings: Settings) -> None:
         handle_signals=False,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_s,
+        # aiohttp arms this timer when a connection opens and after each answer; it closes a connection
+        # still waiting for complete headers when it fires: our header read deadline.
+        keepalive_timeout=settings.client_idle_timeout_s,
     )
     await runner.setup()
     # aiohttp's default listen backlog (128) drops connections when a trainer opens 512 at once.

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     # connecting at once (a burst of released held requests overflows vLLM's accept queue).
     upstream_max_connections: int = Field(default=1024, gt=0)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # A client that has not finished its request headers this long after connecting (or after its last
+    # answer on a kept-alive connection) is disconnected: a trickling client must not hold a socket forever.
+    client_idle_timeout_s: float = Field(default=75.0, gt=0)
+    # Seconds to receive a whole request body once its headers are in; then 408 body_timeout.
+    client_body_timeout_s: float = Field(default=60.0, gt=0)
     max_held_requests: int = Field(default=10_000, ge=0)
     hold_timeout_s: float = Field(default=300.0, gt=0)
 

@@ -15,6 +15,8 @@ class LifeguardError(Exception):
     reason = "proxy_error"
     error_type = "ServiceUnavailableError"
     retry_after: float | None = 1.0
+    # The rest of the request may still be on the wire: the connection cannot carry another request.
+    close_connection = False
 
     def __init__(
         self,
@@ -45,6 +47,14 @@ class BodyTooLarge(LifeguardError):
     reason = "body_too_large"
     error_type = "BadRequestError"
     retry_after = None
+
+
+class BodyTimeout(LifeguardError):
+    status = 408
+    reason = "body_timeout"
+    error_type = "BadRequestError"
+    retry_after = None
+    close_connection = True
 
 
 class Unauthorized(LifeguardError):

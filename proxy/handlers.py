@@ -8,6 +8,7 @@ streaming, an error can only end the stream, never change its status.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
@@ -20,6 +21,7 @@ from .calls import parse_call
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import (
+    BodyTimeout,
     BodyTooLarge,
     EngineUnavailable,
     Forbidden,
@@ -58,7 +60,10 @@ def render_error(error: LifeguardError) -> web.Response:
     headers = {"X-Lifeguard-Reason": error.reason}
     if error.status == 503 or error.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after or 1)))
-    return web.json_response(body, status=error.status, headers=headers)
+    response = web.json_response(body, status=error.status, headers=headers)
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -123,7 +128,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     try:
         if kind is RouteKind.LIFECYCLE:
             return await _lifecycle(request, LIFECYCLE_PATHS[normalise(request.path)])
-        body = await request.read()
+        body = await _read_body(request)
         if kind is RouteKind.INFERENCE:
             return await _inference(request, body)
         if kind is RouteKind.AT_ONCE:
@@ -138,9 +143,18 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         app[METRICS].request_duration(route_class, time.monotonic() - started)
 
 
+async def _read_body(request: web.Request) -> bytes:
+    timeout = request.app[SETTINGS].client_body_timeout_s
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {timeout:g} s") from None
+
+
 async def _lifecycle(request: web.Request, op: str) -> web.Response:
     app = request.app
-    body = await request.read()
+    body = await _read_body(request)
     try:
         _check_admin(request, app[SETTINGS])
         call = parse_call(op, request.query.items(), body)

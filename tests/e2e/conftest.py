@@ -92,7 +92,10 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         }
         settings = Settings(**values)
         app = create_app(settings)
-        client = await aiohttp_client(app)
+        # as `vllm-lifeguard serve` runs it: the idle timer is the header read deadline (proxy/cli.py)
+        server = TestServer(app)
+        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
+        client = await aiohttp_client(server)
         stack = Stack(client, sim_server, app, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished.
         await stack.wait_for(lambda s: s["state"] == "RUNNING" and not s["lifecycle_busy"])

@@ -8,6 +8,7 @@ installed by scripts/chaos.sh) and is skipped without it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -145,6 +146,38 @@ async def test_a_client_trickling_its_headers_does_not_disturb_others(
     finally:
         for _, writer in slow:
             writer.close()
+
+
+async def test_a_client_that_never_finishes_its_headers_is_disconnected_at_the_idle_deadline(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await make_stack(client_idle_timeout_s=0.5)
+    server = stack.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Never-Ends: y")
+        await writer.drain()
+        started = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed without an answer
+        assert time.monotonic() - started >= 0.4
+    finally:
+        writer.close()
+    await _still_serving(stack)
+    assert stack.sim_count("generate") == 1  # only the check's own completion
+
+
+async def test_a_body_that_stops_arriving_is_408_json_and_never_forwarded(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await make_stack(client_body_timeout_s=0.3)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    raw = await _raw(stack, head + b'{"model": "tiny", ', read_for=1)
+    assert _status(raw) == 408, raw[:300]
+    assert b"\r\nConnection: close\r\n" in raw.split(b"\r\n\r\n", 1)[0] + b"\r\n", raw[:300]
+    body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["reason"] == "body_timeout" and body["error"]["src"] == "lifeguard", body
+    assert stack.sim_count("generate") == 0
+    await _still_serving(stack)
 
 
 async def test_pipelined_requests_are_answered_in_order(make_stack: Callable[..., Awaitable[Stack]]) -> None:
