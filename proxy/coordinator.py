@@ -253,6 +253,11 @@ class LifecycleCoordinator:
             memory_before=before,
         )
         if verdict.failed is not None:
+            if not full and verdict.failed.name == "memory":
+                # The flags cannot show a partial wake; the GPUs say nothing came back: what we sent is
+                # still asleep (a retry is sent again), not an engine to give up on.
+                self.record.fire("settle_sleeping")
+                self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
             self._caught_lie(call, verdict, hint=State.SLEEPING)
         self.record.asleep_tags = remaining
         if not full:
@@ -355,7 +360,8 @@ class LifecycleCoordinator:
             )
         except UpstreamError as exc:
             obs = await self._client.observe()
-            self.record.adopt(obs, hint=hint, message=exc.message)
+            memory = await self._verifier.read_memory()
+            self.record.adopt(obs, hint=hint, message=exc.message, memory_freed=self._verifier.memory_freed(memory))
             raise
 
     async def _watching(self, work: Coroutine[Any, Any, T]) -> T:
@@ -387,7 +393,9 @@ class LifecycleCoordinator:
             elif check.name == "memory" and call.op == "wake_up":
                 self.record.set_failed("memory", f"the engine says awake but its memory is not back: {check.detail}")
             elif obs is not None:
-                self.record.adopt(obs, hint=hint)
+                memory = verdict.memory or self._verifier.last_memory
+                freed = self._verifier.memory_freed(memory) if memory is not None else None
+                self.record.adopt(obs, hint=hint, memory_freed=freed)
         raise VerificationFailed(f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
                                  check=check.name)  # fmt: skip
 

@@ -236,7 +236,9 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
     if state in ("SLEEPING", "UPDATING_WEIGHTS"):
         if set(proxy["asleep_tags"]) == {"scheduling"} and not tags and sim["paused"]:
             return None  # level 0 and a pause look the same from outside; a lie-asleep there cannot be seen
-        if set(proxy["asleep_tags"]) != tags:
+        # A tag woken without its memory (lie-memory on a partial wake) is, to the GPUs, still asleep.
+        unmapped = (MEMORY_TAGS - tags) - set(sim["memory"]["resident"])
+        if set(proxy["asleep_tags"]) not in (tags, tags | unmapped):
             return f"proxy {state} with tags {proxy['asleep_tags']}, engine tags {sorted(tags)}"
         return None
     return f"proxy not settled: {state}"

@@ -180,6 +180,28 @@ async def test_4_partial_wake_stays_sleeping_and_keeps_requests_held(make_stack)
     assert stack.sim.violations == []
 
 
+async def test_4_a_partial_wake_that_brought_no_memory_back_is_503_and_the_tag_stays_asleep(make_stack):
+    stack = await make_stack()
+    await _asleep(stack)
+    task = await _hold_one(stack)
+    stack.faults("wake_up:lie-asleep")  # 200, nothing woke; the flags say "sleeping" either way
+
+    resp = await stack.client.post("/wake_up?tags=weights")
+
+    assert resp.status == 503
+    assert (await _error(resp))["reason"] == "verification_failed"
+    snapshot = await stack.state()
+    assert snapshot["state"] == "SLEEPING" and snapshot["asleep_tags"] == ["kv_cache", "weights"], snapshot
+    assert _failed_check(snapshot)["name"] == "memory"
+    await _still_held(stack, task)
+    retry = await stack.client.post("/wake_up?tags=weights")  # sent again, and now it really wakes
+    assert retry.status == 200 and "X-Lifeguard-Noop" not in retry.headers
+    _assert_sim_asleep(stack, ["kv_cache"])
+    assert (await stack.client.post("/wake_up?tags=kv_cache")).status == 200
+    assert (await task).status == 200
+    assert stack.sim.violations == []
+
+
 # ----- 5. level 2 and a full wake without reload_weights: healthy, but garbage weights
 async def test_5_level2_wake_without_reload_holds_inference_until_reload_weights(make_stack):
     stack = await make_stack()

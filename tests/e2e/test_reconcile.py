@@ -92,6 +92,21 @@ async def test_a_sleep_gauge_left_by_a_lying_sleep_does_not_turn_a_later_pause_i
     assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
 
 
+async def test_a_stale_sleep_gauge_does_not_turn_a_failed_call_on_a_paused_engine_into_a_sleep(make_stack):
+    stack = await make_stack()
+    stack.faults("sleep:lie-asleep")
+    assert (await stack.client.post("/sleep?level=1")).status == 503
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("resume:error500")  # the failure makes the proxy re-read what the engine is
+
+    assert (await stack.client.post("/resume")).status == 503
+
+    assert (await stack.state())["state"] == "PAUSED"
+    resp = await stack.client.post("/sleep?level=1")
+    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
+    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+
+
 async def test_a_slow_pause_is_never_mistaken_for_drift(make_stack):
     stack = await make_stack()
     # For three reconcile intervals vLLM still says running while we are PAUSING: a loop that read the
