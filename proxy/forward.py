@@ -11,6 +11,7 @@ makes vLLM abort the generation when our client goes away.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 
@@ -21,6 +22,7 @@ from yarl import URL
 
 from .errors import UpstreamUnreachable
 
+log = logging.getLogger("lifeguard.forward")
 STREAM_BROKEN = web.RequestKey("stream_broken", bool)
 
 HOP_BY_HOP = frozenset(
@@ -128,19 +130,24 @@ class Forwarder:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await response.prepare(request)
         broke: str | None = None
-        while True:
-            try:
-                chunk = await upstream.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                broke = f"the upstream stream broke: {exc!r}"
-                break
-            if not chunk:
-                break
-            await response.write(chunk)
-        if broke is not None:
-            if is_sse:
-                await response.write(sse_error_event(broke))
-            request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
-            request[STREAM_BROKEN] = True
-        await response.write_eof()
+        try:
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    broke = f"the upstream stream broke: {exc!r}"
+                    break
+                if not chunk:
+                    break
+                await response.write(chunk)
+            if broke is not None:
+                request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
+                request[STREAM_BROKEN] = True
+                if is_sse:
+                    await response.write(sse_error_event(broke))
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client left mid-stream: not an error of ours. Leaving here closes the upstream response,
+            # which is what makes vLLM abort the generation.
+            log.debug("client left mid-stream")
         return response

@@ -55,7 +55,7 @@ PROXY_ENV = {
     "LIFEGUARD_CANARY_TIMEOUT_S": "3",
     "LIFEGUARD_MAX_HELD_REQUESTS": "400",
     "LIFEGUARD_SHUTDOWN_GRACE_S": "3",
-    "LIFEGUARD_LOG_LEVEL": "warning",
+    "LIFEGUARD_LOG_LEVEL": os.environ.get("CHAOS_PROXY_LOG_LEVEL", "warning"),  # info: every lifecycle op
 }
 # A request's deadline: the hold deadline, plus a hang the operator ends by a restart, plus a generation
 # frozen by a `keep` pause until a trainer lifts it. Past this, it counts as a hang.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -156,12 +157,14 @@ async def test_a_stream_that_breaks_mid_way_ends_with_an_error_event(client: Any
     assert "error" in json.loads(last[len(b"data: ") :])
 
 
-async def test_a_client_that_disconnects_closes_the_upstream_request(client: Any, echo: Any) -> None:
+async def test_a_client_that_disconnects_closes_the_upstream_request(client: Any, echo: Any, caplog: Any) -> None:
     upstream, _ = echo
     resp = await client.post("/v1/wait_for_disconnect", json={})
     await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
     resp.close()
     await asyncio.wait_for(upstream.stream_closed.wait(), 5)
+    # a client leaving is not an error of the proxy's: nothing at ERROR (no "Error handling request")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_an_oversized_body_is_413_with_a_json_reason(client: Any) -> None:
