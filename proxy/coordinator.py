@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .calls import LifecycleCall
 from .config import Settings
@@ -44,6 +44,12 @@ from .upstream import Observation, Reply, VllmClient
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
+
+# What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
+_NO_SESSION_MESSAGES = (
+    "start_weight_update must be called before update_weights",
+    "called without a matching start_weight_update",
+)
 
 
 @dataclass
@@ -312,7 +318,7 @@ class LifecycleCoordinator:
 
     async def _do_update_weights(self, call: LifecycleCall) -> OpResult:
         if self.record.weight_update_active:  # a session opened while this call waited its turn
-            return await self._forward_in_session(call)
+            return await self._forward_in_session(call, locked=True)
         prev = self.state  # no session open: this call is a session of its own
         self.record.fire("begin_weight_update")
         try:
@@ -324,7 +330,12 @@ class LifecycleCoordinator:
         return _reply_result(reply, None)
 
     async def _do_finish_weight_update(self, call: LifecycleCall) -> OpResult:
-        reply = await self._upstream(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
+        try:
+            reply = await self._upstream(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
+        except UpstreamBadStatus as exc:
+            if _says_no_session(exc):
+                await self._session_lost(exc)
+            raise
         self.record.weight_update_active = False
         self._weights_loaded()
         self.record.settle(self.record.return_state)
@@ -336,14 +347,45 @@ class LifecycleCoordinator:
             self._weights_loaded()
         return _reply_result(reply, None)
 
-    async def _forward_in_session(self, call: LifecycleCall) -> OpResult:
+    async def _forward_in_session(self, call: LifecycleCall, *, locked: bool = False) -> OpResult:
         if "weights" in self.record.asleep_tags:
             raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
-        reply = await self._client.lifecycle(
-            "POST", "/update_weights", query=call.query, body=call.body or None,
-            timeout_s=self._settings.lifecycle_call_timeout_s, headers=_json_ct(call),
-        )  # fmt: skip
+        try:
+            reply = await self._client.lifecycle(
+                "POST", "/update_weights", query=call.query, body=call.body or None,
+                timeout_s=self._settings.lifecycle_call_timeout_s, headers=_json_ct(call),
+            )  # fmt: skip
+        except UpstreamBadStatus as exc:
+            if not _says_no_session(exc):
+                raise
+            if locked:
+                await self._session_lost(exc)
+            try:  # outside the lock (the trainer's sends run concurrently): close the session under it
+                async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
+                    await self._lock.acquire()
+            except TimeoutError:
+                raise exc from None  # the operation holding the lock meets the same answer from vLLM
+            try:
+                await self._session_lost(exc)
+            finally:
+                self._lock.release()
         return _reply_result(reply, None)
+
+    async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
+        """vLLM holds no weight update session while we hold one: it restarted between two reconcile
+        rounds (or the start never took). Left open, the proxy would refuse every call but a finish that
+        vLLM keeps refusing. Close ours, treat it as the restart it almost surely was, and say so."""
+        if self.record.weight_update_active:
+            hint = self.record.return_state
+            self.record.restarted_unseen("vLLM lost the weight update session")
+            obs = await self._client.observe()
+            memory = await self._verifier.read_memory()
+            self.record.adopt(obs, hint=hint, memory_freed=self._verifier.memory_freed(memory))
+        raise InvalidTransition(
+            "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
+            "closed its own and marked the weights stale: start a new session",
+            reason="weight_update_session_lost",
+        ) from exc
 
     # ----- upstream calls and what their failures mean
     async def _upstream(self, call: LifecycleCall, path: str, *, hint: State) -> Reply:
@@ -450,6 +492,10 @@ def _reply_result(reply: Reply, verdict: Verdict | None, headers: dict[str, str]
     if verdict is not None:
         extra["X-Lifeguard-Verified"] = _summary(verdict)
     return OpResult(reply.status, reply.body, reply.content_type, extra)
+
+
+def _says_no_session(exc: UpstreamBadStatus) -> bool:
+    return any(m in exc.upstream_body for m in _NO_SESSION_MESSAGES)
 
 
 def _json_ct(call: LifecycleCall) -> dict[str, str] | None:

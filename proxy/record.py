@@ -173,6 +173,11 @@ class EngineRecord:
         log.warning("the failed check passes again; engine trusted again", extra={"event": "engine_healed"})
         self.adopt(obs, hint=State.RUNNING)
 
+    def restarted_unseen(self, why: str) -> None:
+        """vLLM restarted between two reconcile rounds; only something it said gave it away."""
+        self.error("engine_restarted", why)
+        self._restarted()
+
     def _restarted(self) -> None:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
         self._metrics.engine_restart()

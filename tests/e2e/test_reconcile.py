@@ -190,3 +190,27 @@ async def _finish_a_weight_update(stack: Stack) -> None:
     assert (await stack.client.post("/start_weight_update")).status == 200
     assert (await stack.client.post("/update_weights", json={"update_info": {}})).status == 200
     assert (await stack.client.post("/finish_weight_update", json={"weight_version": "step-1"})).status == 200
+
+
+@pytest.mark.parametrize("next_call", ["/update_weights", "/finish_weight_update"])
+async def test_a_weight_update_session_lost_to_an_unseen_restart_is_closed_not_stuck(make_stack, next_call):
+    stack = await make_stack(reconcile_interval_s=60)  # the restart falls between two rounds
+    assert (await stack.client.post("/pause")).status == 200
+    assert (await stack.client.post("/start_weight_update")).status == 200
+    stack.sim.die("test: crashed mid-session")
+    stack.sim.restart()  # back before the proxy looked: awake, unpaused, no session, initial weights
+
+    resp = await stack.client.post(next_call, json={"update_info": {}} if next_call == "/update_weights" else {})
+
+    assert resp.status == 409
+    assert (await resp.json())["error"]["reason"] == "weight_update_session_lost"
+    snapshot = await stack.state()
+    assert snapshot["state"] == "RUNNING" and snapshot["weight_update_active"] is False, snapshot
+    assert snapshot["weights_stale_reason"] == "restarted"
+    # not stuck: the trainer's next session goes through and makes the weights current again
+    for path in ("/start_weight_update", "/update_weights", "/finish_weight_update"):
+        assert (
+            await stack.client.post(path, json={"update_info": {}} if path == "/update_weights" else {})
+        ).status == 200
+    snapshot = await stack.state()
+    assert snapshot["state"] == "RUNNING" and snapshot["weights_stale"] is False, snapshot
