@@ -29,6 +29,7 @@ from .errors import (
     LifeguardError,
     UpstreamBadStatus,
     UpstreamError,
+    UpstreamTimeout,
     UpstreamUnreachable,
     VerificationFailed,
 )
@@ -417,6 +418,10 @@ class LifecycleCoordinator:
                     return task.result()
                 try:
                     alive = await self._client.health()
+                except UpstreamTimeout:
+                    # Slow is not dead: a busy API server answered late (real vLLM on 2 cores, a 30 s
+                    # pause?mode=wait). Death is a refused connection or a /health that says so.
+                    continue
                 except UpstreamError:
                     alive = False
                 if not alive:

@@ -148,7 +148,7 @@ class Verifier:
             verdict.observation = obs
             problem = _flag_problem(obs, expect)
             # vLLM's /health is 503 only after EngineDeadError, which never clears: no use polling on.
-            gone = not obs.reachable or (not obs.healthy and obs.error is None)
+            gone = (not obs.reachable and not obs.timed_out) or (not obs.healthy and obs.error is None)
             if problem is None or time.monotonic() >= deadline or gone:
                 break
             await asyncio.sleep(self._settings.verify_poll_interval_s)

@@ -66,9 +66,11 @@ def parse_sleep_state(metrics_text: bytes) -> tuple[bool | None, int | None]:
 
 @dataclass(frozen=True)
 class Observation:
-    """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out."""
+    """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out; `timed_out`
+    tells the last apart: an API server short of CPU answers late, a dead one refuses or says 503."""
 
     reachable: bool
+    timed_out: bool = False
     healthy: bool = False
     sleeping: bool | None = None
     paused: bool | None = None
@@ -156,7 +158,9 @@ class VllmClient:
             sleeping, paused = await asyncio.gather(
                 self.flag("/is_sleeping", "is_sleeping"), self.flag("/is_paused", "is_paused")
             )
-        except (UpstreamUnreachable, UpstreamTimeout) as exc:
+        except UpstreamTimeout as exc:
+            return Observation(reachable=False, timed_out=True, error=exc.message)
+        except UpstreamUnreachable as exc:
             return Observation(reachable=False, error=exc.message)
         except UpstreamBadStatus as exc:
             return Observation(reachable=True, healthy=False, error=exc.message)
