@@ -27,4 +27,4 @@ class SimSettings:
     sleep_mode: bool = True
     # vLLM's API server notices a dead engine core and exits on a 5 s watchdog tick.
     watchdog_seconds: float = 5.0
-    max_model_len: int = 4096
+    max_model_len: int = 16384

@@ -57,7 +57,7 @@ def main() -> None:
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}<s>assistant: {% endif %}"
     )
-    fast.model_max_length = 4096
+    fast.model_max_length = 16384
     fast.save_pretrained(out)
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -68,7 +68,7 @@ def main() -> None:
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=4096,
+        max_position_embeddings=16384,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,

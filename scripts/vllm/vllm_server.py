@@ -116,7 +116,7 @@ class VllmServer:
             "--port",
             str(self.port),
             "--max-model-len",
-            "4096",
+            "16384",
             "--enforce-eager",
             "--enable-server-load-tracking",
             "--enable-prompt-tokens-details",

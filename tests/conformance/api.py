@@ -15,9 +15,10 @@ from typing import Any
 
 import aiohttp
 
-# Long enough that a sleep or pause sent at the first token lands mid-stream on real vLLM (~275 tokens/s
-# here, max-model-len 4096); 400 tokens (1.4 s) sometimes finished first on a quiet machine.
-LONG_STREAM_TOKENS = 3000
+# Long enough that a sleep or pause sent at the first token lands mid-stream on real vLLM (~300 tokens/s
+# here, max-model-len 16384), where the client can see that first token seconds late (a starved API server);
+# 400 and then 3000 tokens sometimes finished first.
+LONG_STREAM_TOKENS = 12000
 
 
 @dataclass
@@ -122,6 +123,9 @@ class VllmApi:
                 result.chunks.append(chunk)
                 if chunk.get("choices") and _chunk_text(chunk):
                     result.first_text.set()
+                # Let the test run: aiohttp's readline returns without suspending while lines are buffered,
+                # so a reader slower than vLLM (two busy cores) kept the loop until the stream ended.
+                await asyncio.sleep(0)
         return result
 
     async def server_load(self) -> int:
@@ -154,6 +158,20 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
         await asyncio.sleep(0.01)
+
+
+async def settled_chunks(result: StreamResult, quiet_s: float = 0.5, timeout: float = 15.0) -> int:
+    """The text-chunk count once none came for ``quiet_s``: a real vLLM short of CPU delivers tokens made
+    before a freeze in late bursts, which are not progress made while frozen."""
+    deadline = time.monotonic() + timeout
+    count, since = result.text_chunks, time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # polling the reader's count, not standing in for an event
+        if result.text_chunks != count:
+            count, since = result.text_chunks, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return count
+    raise AssertionError(f"the stream never went quiet ({count} text chunks)")
 
 
 async def still_pending(task: asyncio.Task[Any], window: float = 0.3) -> bool:

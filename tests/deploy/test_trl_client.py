@@ -112,7 +112,7 @@ async def test_trl_async_grpo_client_runs_its_weight_sync_through_the_proxy(
             client.resume(timeout=10)
         return int(max_model_len)
 
-    assert await asyncio.wait_for(asyncio.to_thread(trainer), timeout=60) == 4096
+    assert await asyncio.wait_for(asyncio.to_thread(trainer), timeout=60) == 16384
 
     lifecycle = [path for path in received if path.split("?")[0] in {p.split("?")[0] for p in GUIDE_SYNC}]
     assert lifecycle == GUIDE_SYNC * 2, "TRL's client no longer sends what docs/guides/trl.md documents"

@@ -13,9 +13,11 @@ import aiohttp
 import pytest
 
 MODEL = "tiny"  # --served-model-name of the session's vLLM
-# max_tokens of a "long" stream: ~11 s at the ~275 tokens/s the tiny model makes on one quiet core (max-model-len
-# 4096). Tests pause, sleep or kill mid-stream; at 480 tokens (1.7 s) vLLM sometimes finished first.
-LONG = 3000
+# max_tokens of a "long" stream: ~35 s at the ~300-370 tokens/s the tiny model makes on its core (max-model-len
+# 16384). Tests pause, sleep or kill mid-stream. vLLM binds its worker to core 0 and leaves the API server, the
+# proxy and the tests to share core 1: the client can see the first chunk several seconds late (8.8 s measured
+# with a busy core), so 480 and then 3000 tokens sometimes ended before the pause landed.
+LONG = 12000
 
 T = TypeVar("T")
 Samples = list[tuple[str, dict[str, str], float]]
@@ -167,6 +169,7 @@ class StreamReader:
         self.sent_at: float | None = None  # monotonic: request sent, headers in, first choice chunk
         self.headers_at: float | None = None
         self.first_chunk_at: float | None = None
+        self.noticed_at: float | None = None  # set by a test when it saw `started`
 
     @property
     def chunks(self) -> list[dict[str, Any]]:
@@ -200,7 +203,7 @@ class StreamReader:
     def timing(self) -> str:
         """For failure messages: when the stream's milestones came, relative to sending it."""
         t0 = self.sent_at or 0.0
-        marks = {"headers": self.headers_at, "first chunk": self.first_chunk_at}
+        marks = {"headers": self.headers_at, "first chunk": self.first_chunk_at, "noticed": self.noticed_at}
         shown = ", ".join(f"{k} +{v - t0:.3f} s" for k, v in marks.items() if v is not None)
         return f"{shown or 'nothing received'}; {len(self.chunks)} chunks, finish {self.finish_reason}"
 
@@ -222,6 +225,9 @@ class StreamReader:
                 if not self.started.is_set() and isinstance(event, dict) and event.get("choices"):
                     self.first_chunk_at = time.monotonic()
                     self.started.set()
+                # Let the test run: aiohttp's readline returns without suspending while lines are buffered,
+                # so a reader slower than vLLM (two busy cores) kept the loop until the stream ended.
+                await asyncio.sleep(0)
         return self
 
 
