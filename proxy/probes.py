@@ -205,9 +205,6 @@ class Verifier:
             return None
         if before is None or not before.available:
             return "unknown: no memory reading from before the wake"
-        if footprint - before.used_bytes < s.weights_wake_min_fraction * footprint:
-            # A sleep that freed nothing (lie-memory, no --enable-sleep-mode) leaves nothing to come back.
-            return "unknown: the memory was never freed, so it cannot show what this wake woke"
         grown = used - before.used_bytes
         if grown < s.weights_wake_min_fraction * footprint:
             return f"the partial wake added only {_gib(max(grown, 0))}; what it woke did not come back"
