@@ -237,8 +237,13 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
         if set(proxy["asleep_tags"]) == {"scheduling"} and not tags and sim["paused"]:
             return None  # level 0 and a pause look the same from outside; a lie-asleep there cannot be seen
         # A tag woken without its memory (lie-memory on a partial wake) is, to the GPUs, still asleep.
-        unmapped = (MEMORY_TAGS - tags) - set(sim["memory"]["resident"])
-        if set(proxy["asleep_tags"]) not in (tags, tags | unmapped):
+        resident = set(sim["memory"]["resident"])
+        unmapped = (MEMORY_TAGS - tags) - resident
+        believed = set(proxy["asleep_tags"])
+        # After a sleep that freed nothing (an asleep tag kept its memory), a partial wake cannot be seen:
+        # the proxy keeps the tags it sent asleep, and holds, rather than believe a 200 it cannot check.
+        blind = bool(tags & resident) and tags <= believed and believed - tags <= resident
+        if believed not in (tags, tags | unmapped) and not blind:
             return f"proxy {state} with tags {proxy['asleep_tags']}, engine tags {sorted(tags)}"
         return None
     return f"proxy not settled: {state}"
