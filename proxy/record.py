@@ -21,9 +21,6 @@ from .upstream import Observation
 
 log = logging.getLogger("lifeguard.lifecycle")
 
-# A /health that times out this many rounds in a row means the engine is lost; fewer is a busy API server.
-SLOW_ROUNDS_BEFORE_LOST = 3
-
 _SETTLE_TRIGGER = {
     State.RUNNING: "settle_running",
     State.PAUSED: "settle_paused",
@@ -49,7 +46,6 @@ class EngineRecord:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
         self._ever_running = False
-        self._slow_rounds = 0
         self.lifecycle = Lifecycle(self._on_state_change)
 
     @property
@@ -139,9 +135,6 @@ class EngineRecord:
     def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:
         """One round of the reconcile loop: engine lost, engine back, or drift."""
         state = self.state
-        self._slow_rounds = self._slow_rounds + 1 if obs.timed_out else 0
-        if obs.timed_out and state is not State.STARTING and self._slow_rounds < SLOW_ROUNDS_BEFORE_LOST:
-            return  # slow is not dead (yet): nothing learnt this round
         if not obs.reachable or not obs.healthy:
             if state is State.STARTING:
                 # A sidecar starts before vLLM has loaded its model: not a failure, requests are held.

@@ -165,8 +165,8 @@ class Engine:
             self._watchdog.cancel()
             self._watchdog = None
 
-    def violate(self, kind: str, detail: str) -> None:
-        self.violations.append({"kind": kind, "detail": detail, "at": time.time()})
+    def violate(self, kind: str, detail: str, **extra: object) -> None:
+        self.violations.append({"kind": kind, "detail": detail, "at": time.time(), **extra})
 
     # --- the fault-aware frame every operation runs in
     async def enter(self, op: str, nominal_seconds: float = 0.0) -> Fired:

@@ -8,6 +8,7 @@ from the engine's pause state rather than from the route.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 
@@ -33,12 +34,13 @@ def new_request(
 
 async def admit(engine: Engine, req: SimRequest) -> Fired:
     """The request reaches the engine; from here on it is tracked, and held while the scheduler is paused."""
+    set_out = time.time()
     fired = await engine.enter("generate")  # a slow fault delays the arrival itself
     # Checked on arrival at the scheduler, after any delay: a request that set out while the engine was
     # awake but arrives once a sleep has begun is in transit, and must be seen as such.
     if engine.asleep_tags or engine.is_paused:
         state = f"asleep={sorted(engine.asleep_tags)} pause={engine.scheduler.pause_state.value}"
-        engine.violate("generate_while_asleep_or_paused", f"{req.request_id} arrived with {state}")
+        engine.violate("generate_while_asleep_or_paused", f"{req.request_id} arrived with {state}", set_out=set_out)
     if fired.kind == "garbage":
         engine.garbage = True
     engine.scheduler.add(req)

@@ -206,7 +206,8 @@ def known_violation(violation: dict[str, Any], earlier: list[dict[str, Any]],
                     return "in_transit_ran_stale"
     if kind == "generate_while_asleep_or_paused":
         at, pid = float(violation["at"]), violation.get("pid")
-        if any(p == pid and began <= at <= ended + IN_TRANSIT_S for p, _, began, ended in pausing):
+        set_out = float(violation.get("set_out", at))  # reached vLLM's HTTP layer, before any slow fault
+        if any(p == pid and began <= at and set_out <= ended + IN_TRANSIT_S for p, _, began, ended in pausing):
             return "in_transit"
     return ""
 
