@@ -379,9 +379,7 @@ class LifecycleCoordinator:
         if self.record.weight_update_active:
             hint = self.record.return_state
             self.record.restarted_unseen("vLLM lost the weight update session")
-            obs = await self._client.observe()
-            memory = await self._verifier.read_memory()
-            self.record.adopt(obs, hint=hint, memory_freed=self._verifier.memory_freed(memory))
+            await self._adopt_observed(hint)
         raise InvalidTransition(
             "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
             "closed its own and marked the weights stale: start a new session",
@@ -402,10 +400,14 @@ class LifecycleCoordinator:
                 )  # fmt: skip
             )
         except UpstreamError as exc:
-            obs = await self._client.observe()
-            memory = await self._verifier.read_memory()
-            self.record.adopt(obs, hint=hint, message=exc.message, memory_freed=self._verifier.memory_freed(memory))
+            await self._adopt_observed(hint, message=exc.message)
             raise
+
+    async def _adopt_observed(self, hint: State, *, message: str | None = None) -> None:
+        """Re-read what vLLM is (flags and GPU memory) and adopt it."""
+        obs = await self._client.observe()
+        memory = await self._verifier.read_memory()
+        self.record.adopt(obs, hint=hint, message=message, memory_freed=self._verifier.memory_freed(memory))
 
     async def _watching(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work`, but give up as soon as vLLM's /health says the engine is gone: a utility call in
