@@ -322,12 +322,13 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
                 break  # a lethal fault wipes whatever else is armed
         specs = [f"{op}:slow:{rng.uniform(0.2, 1.5):.2f}" if kind == "slow" else f"{op}:{kind}"
                  for kind, op in chosen.items()]  # fmt: skip
+        journal_mark = sim.journal.stat().st_size if sim.journal.exists() else 0
         if not await _set_faults(session, sim, specs):
             await asyncio.sleep(0.2)
             continue
         tally.faults_injected.update(chosen.keys())
-        unfired = await _wait_fired(session, sim, stop, timeout=6.0)
-        if {"hang", "wedge"} & (set(chosen) - unfired):
+        unfired, died = await _wait_fired(session, sim, stop, set(chosen), journal_mark, timeout=6.0)
+        if not died and {"hang", "wedge"} & (set(chosen) - unfired):
             await _sleep_unless(stop, rng.uniform(1.0, 2.5))
             sim.kill()
             tally.kills["hang" if "hang" in chosen else "wedge"] += 1
@@ -347,24 +348,42 @@ async def _set_faults(session: aiohttp.ClientSession, sim: SimSupervisor, specs:
 
 
 async def _wait_fired(session: aiohttp.ClientSession, sim: SimSupervisor, stop: asyncio.Event,
-                      timeout: float) -> set[str]:  # fmt: skip
-    """The kinds still armed when every fault fired, the process died (all count as fired) or time ran out."""
+                      armed: set[str], journal_mark: int, timeout: float) -> tuple[set[str], bool]:  # fmt: skip
+    """The kinds still armed when every fault fired, the process died or time ran out; and whether it died.
+    A process that died (of a lethal fault, or killed by the healer) takes its armed faults with it: the
+    ones its journal does not show fired since `journal_mark` are still to be tried."""
     deadline = time.monotonic() + timeout
     pid = sim.proc.pid if sim.proc else None
-    armed: set[str] = set()
     while time.monotonic() < deadline and not stop.is_set():
         if sim.proc is None or sim.proc.pid != pid or sim.proc.poll() is not None:
-            return set()
+            return armed - _fired_since(sim.journal, journal_mark), True
         try:
             async with session.get(sim.url + "/sim/faults", timeout=aiohttp.ClientTimeout(total=1)) as resp:
                 if resp.status == 200:
                     armed = {str(f["kind"]) for f in await resp.json()}
                     if not armed:
-                        return armed
+                        return armed, False
         except (aiohttp.ClientError, TimeoutError):
             pass
         await asyncio.sleep(0.05)
-    return armed
+    return armed, False
+
+
+def _fired_since(journal: Path, offset: int) -> set[str]:
+    if not journal.exists():
+        return set()
+    with open(journal, "rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    fired: set[str] = set()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill -9 mid-write
+        if entry.get("ev") == "fault":
+            fired.add(str(entry["kind"]))
+    return fired
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

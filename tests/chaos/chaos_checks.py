@@ -129,6 +129,8 @@ def claim_holds(call: Call, s: dict[str, Any]) -> bool:
     if op == "sleep":
         level = int(dict(call.query).get("level", "1"))
         if call.noop:  # the issue-2 table: already asleep at that level (also after a partial wake, as vLLM)
+            if level == 0:  # EngineCore.sleep(0) is pause_scheduler() and nothing else: a paused engine is it
+                return bool(s["paused"]) and not executor
             return bool(s["is_sleeping"]) and s["sleep_level"] == level
         return bool(s["is_sleeping"]) if level == 0 else executor == MEMORY_TAGS
     if op == "wake_up":

@@ -1,0 +1,53 @@
+"""The chaos run's own judges: a judge that is wrong either way makes the run fail for nothing or pass a bug."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chaos_actors import _fired_since
+from chaos_checks import Call, untruthful
+
+
+def _engine(**overrides: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {"executor_tags": [], "scheduling_asleep": False, "is_sleeping": False, "sleep_level": None,
+                             "paused": False, "weight_update_active": False, "dead": False}  # fmt: skip
+    state.update(overrides)
+    return state
+
+
+def _noop_sleep(level: int) -> Call:
+    return Call("sleep", t_send=1.0, query=[("level", str(level))], t_end=2.0, status=200, outcome="noop", noop=True)
+
+
+def test_a_level_0_noop_holds_on_a_paused_engine_because_vllm_sleeps_at_level_0_by_pausing() -> None:
+    paused = _engine(is_sleeping=True, paused=True)
+    _, lies = untruthful([_noop_sleep(0)], [(0.0, paused)])
+    assert lies == []
+
+
+def test_a_level_0_noop_on_a_running_or_deeper_sleeping_engine_is_a_lie() -> None:
+    running = _engine()
+    weights_asleep = _engine(executor_tags=["kv_cache", "weights"], is_sleeping=True, paused=True, sleep_level=1)
+    for engine in (running, weights_asleep):
+        _, lies = untruthful([_noop_sleep(0)], [(0.0, engine)])
+        assert len(lies) == 1, engine
+
+
+def test_a_level_1_noop_needs_the_level_1_sleep_not_a_pause() -> None:
+    paused = _engine(is_sleeping=True, paused=True)
+    _, lies = untruthful([_noop_sleep(1)], [(0.0, paused)])
+    assert len(lies) == 1
+
+
+def test_faults_fired_are_read_from_the_journal_after_the_mark(tmp_path: Path) -> None:
+    journal = tmp_path / "sim-journal.jsonl"
+    journal.write_text(json.dumps({"ev": "fault", "op": "sleep", "kind": "crash"}) + "\n")
+    mark = journal.stat().st_size
+    with journal.open("a") as f:
+        f.write(json.dumps({"ev": "state", "s": {}}) + "\n")
+        f.write(json.dumps({"ev": "fault", "op": "pause", "kind": "wedge"}) + "\n")
+        f.write('{"ev": "fault", "op": "wake_up", "ki')  # cut by a kill -9
+    assert _fired_since(journal, mark) == {"wedge"}
+    assert _fired_since(tmp_path / "absent.jsonl", 0) == set()
