@@ -17,22 +17,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 from .calls import LifecycleCall
 from .config import Settings
-from .errors import (
-    InvalidTransition,
-    LifecycleBusy,
-    LifeguardError,
-    UpstreamBadStatus,
-    UpstreamError,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-    VerificationFailed,
-)
+from .engine_calls import EngineCalls
+from .errors import LifecycleBusy, LifeguardError, UpstreamError, VerificationFailed
 from .gate import RequestGate
 from .gpu import GpuReading
 from .metrics import Metrics
@@ -42,15 +34,9 @@ from .rules import Noop, Record, Refuse, admission, judge, wake_targets
 from .states import State
 from .tasks import spawn
 from .upstream import Observation, Reply, VllmClient
+from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
 log = logging.getLogger("lifeguard.lifecycle")
-T = TypeVar("T")
-
-# What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
-_NO_SESSION_MESSAGES = (
-    "start_weight_update must be called before update_weights",
-    "called without a matching start_weight_update",
-)
 
 
 @dataclass
@@ -80,6 +66,8 @@ class LifecycleCoordinator:
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
         self.record = EngineRecord(metrics, self._refresh_gate)
+        self._calls = EngineCalls(settings, client, verifier, self.record)
+        self._weights = WeightUpdates(settings, client, verifier, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self._refresh_gate()
 
@@ -127,7 +115,7 @@ class LifecycleCoordinator:
                 self._metrics.operation_finished(call.op, "joined", time.monotonic() - started)
         if call.op == "update_weights" and self.record.weight_update_active:
             # Inside an open session the trainer's NCCL send runs concurrently: never queue this.
-            return await self._timed(call, self._forward_in_session(call))
+            return await self._timed(call, self._in_session(call))
         future: asyncio.Future[OpResult] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_mark_retrieved)
         self._pending[call.key] = future
@@ -205,8 +193,13 @@ class LifecycleCoordinator:
         if isinstance(decision, Record):
             self.record.user_pause = call.mode or "abort"
             return _json_result(decision.body, "ok", **{"X-Lifeguard-Deferred": "pause applied on wake"})
+        if call.op in WEIGHT_OPERATIONS:
+            return _reply_result(await self._weights.run(call), None)
         operation: Callable[[LifecycleCall], Awaitable[OpResult]] = getattr(self, f"_do_{call.op}")
         return await operation(call)
+
+    async def _in_session(self, call: LifecycleCall) -> OpResult:
+        return _reply_result(await self._weights.in_session(call), None)
 
     # ----- the operations (called under the lock, from a settled state)
     async def _do_sleep(self, call: LifecycleCall) -> OpResult:
@@ -221,7 +214,7 @@ class LifecycleCoordinator:
             self._metrics.policy_action("drain_before_sleep")
             drained = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             headers["X-Lifeguard-Drained"] = "complete" if drained else f"timeout; {self._gate.inflight} aborted"
-        reply = await self._upstream(call, "/sleep", hint=prev)
+        reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory="freed" if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
         failed = verdict.failed
@@ -250,7 +243,7 @@ class LifecycleCoordinator:
             sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
         before = await self._verifier.read_memory()
         self.record.fire("begin_wake")
-        reply = await self._upstream(sent, "/wake_up", hint=State.SLEEPING)
+        reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
         memory = None
         if view.sleep_level != 0:
             memory = "restored" if full else "part_restored"
@@ -276,7 +269,7 @@ class LifecycleCoordinator:
         if self.record.user_pause is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
             mode = self.record.user_pause
-            await self._upstream(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
+            await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
             repaused = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
             if repaused.failed is not None:
                 self._caught_lie(call, repaused, hint=State.PAUSED)
@@ -287,7 +280,7 @@ class LifecycleCoordinator:
 
     async def _do_pause(self, call: LifecycleCall) -> OpResult:
         self.record.fire("begin_pause")
-        reply = await self._upstream(call, "/pause", hint=State.RUNNING)
+        reply = await self._calls.post(call, "/pause", hint=State.RUNNING)
         verdict = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
         if verdict.failed is not None:
             self._caught_lie(call, verdict, hint=State.RUNNING)
@@ -297,139 +290,13 @@ class LifecycleCoordinator:
 
     async def _do_resume(self, call: LifecycleCall) -> OpResult:
         self.record.fire("begin_resume")
-        reply = await self._upstream(call, "/resume", hint=State.PAUSED)
+        reply = await self._calls.post(call, "/resume", hint=State.PAUSED)
         verdict = await self._verifier.verify(Expectation(sleeping=False, paused=False), memory_before=None)
         if verdict.failed is not None:
             self._caught_lie(call, verdict, hint=State.PAUSED)
         self.record.user_pause = None
         self.record.fire("settle_running")
         return _reply_result(reply, verdict)
-
-    async def _do_start_weight_update(self, call: LifecycleCall) -> OpResult:
-        prev = self.state
-        self.record.fire("begin_weight_update")
-        try:
-            reply = await self._upstream(call, "/start_weight_update", hint=prev)
-        except UpstreamBadStatus:
-            self.record.settle(prev)
-            raise
-        self.record.weight_update_active = True
-        self.record.return_state = prev
-        return _reply_result(reply, None)
-
-    async def _do_update_weights(self, call: LifecycleCall) -> OpResult:
-        if self.record.weight_update_active:  # a session opened while this call waited its turn
-            return await self._forward_in_session(call, locked=True)
-        prev = self.state  # no session open: this call is a session of its own
-        self.record.fire("begin_weight_update")
-        try:
-            reply = await self._upstream(call, "/update_weights", hint=prev)
-        finally:
-            if self.state is State.UPDATING_WEIGHTS:
-                self.record.settle(prev)
-        self._weights_loaded()
-        return _reply_result(reply, None)
-
-    async def _do_finish_weight_update(self, call: LifecycleCall) -> OpResult:
-        try:
-            reply = await self._upstream(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
-        except UpstreamBadStatus as exc:
-            if _says_no_session(exc):
-                await self._session_lost(exc)
-            raise
-        self.record.weight_update_active = False
-        self._weights_loaded()
-        self.record.settle(self.record.return_state)
-        return _reply_result(reply, None)
-
-    async def _do_collective_rpc(self, call: LifecycleCall) -> OpResult:
-        reply = await self._upstream(call, "/collective_rpc", hint=self.state)
-        if call.rpc_method in self._settings.weight_reload_rpc_methods:
-            self._weights_loaded()
-        return _reply_result(reply, None)
-
-    async def _forward_in_session(self, call: LifecycleCall, *, locked: bool = False) -> OpResult:
-        if "weights" in self.record.asleep_tags:
-            raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
-        try:
-            reply = await self._client.lifecycle(
-                "POST", "/update_weights", query=call.query, body=call.body or None,
-                timeout_s=self._settings.lifecycle_call_timeout_s, headers=_json_ct(call),
-            )  # fmt: skip
-        except UpstreamBadStatus as exc:
-            if not _says_no_session(exc):
-                raise
-            if locked:
-                await self._session_lost(exc)
-            try:  # outside the lock (the trainer's sends run concurrently): close the session under it
-                async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
-                    await self._lock.acquire()
-            except TimeoutError:
-                raise exc from None  # the operation holding the lock meets the same answer from vLLM
-            try:
-                await self._session_lost(exc)
-            finally:
-                self._lock.release()
-        return _reply_result(reply, None)
-
-    async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
-        """vLLM holds no weight update session while we hold one: it restarted between two reconcile
-        rounds (or the start never took). Left open, the proxy would refuse every call but a finish that
-        vLLM keeps refusing. Close ours, treat it as the restart it almost surely was, and say so."""
-        if self.record.weight_update_active:
-            hint = self.record.return_state
-            self.record.restarted_unseen("vLLM lost the weight update session")
-            await self._adopt_observed(hint)
-        raise InvalidTransition(
-            "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
-            "closed its own and marked the weights stale: start a new session",
-            reason="weight_update_session_lost",
-        ) from exc
-
-    # ----- upstream calls and what their failures mean
-    async def _upstream(self, call: LifecycleCall, path: str, *, hint: State) -> Reply:
-        try:
-            return await self._watching(
-                self._client.lifecycle(
-                    "POST",
-                    path,
-                    query=call.query,
-                    body=call.body or None,
-                    timeout_s=self._settings.lifecycle_call_timeout_s,
-                    headers=_json_ct(call),
-                )  # fmt: skip
-            )
-        except UpstreamError as exc:
-            await self._adopt_observed(hint, message=exc.message)
-            raise
-
-    async def _adopt_observed(self, hint: State, *, message: str | None = None) -> None:
-        """Re-read what vLLM is (flags and GPU memory) and adopt it."""
-        obs = await self._client.observe()
-        memory = await self._verifier.read_memory()
-        self.record.adopt(obs, hint=hint, message=message, memory_freed=self._verifier.memory_freed(memory))
-
-    async def _watching(self, work: Coroutine[Any, Any, T]) -> T:
-        """Await `work`, but give up as soon as vLLM's /health says the engine is gone: a utility call in
-        flight when the engine dies is never completed by vLLM (#57853), it would hang to its deadline."""
-        task = spawn(work, name="lifecycle:upstream")
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self._settings.reconcile_interval_s)
-                if done:
-                    return task.result()
-                try:
-                    alive = await self._client.health()
-                except UpstreamTimeout:
-                    # Slow is not dead: a busy API server answered late (real vLLM on 2 cores, a 30 s
-                    # pause?mode=wait). Death is a refused connection or a /health that says so.
-                    continue
-                except UpstreamError:
-                    alive = False
-                if not alive:
-                    raise UpstreamUnreachable("the engine died while the lifecycle call was in flight")
-        finally:
-            task.cancel()
 
     def _caught_lie(self, call: LifecycleCall, verdict: Verdict, *, hint: State, adopt: bool = True) -> None:
         check = verdict.failed
@@ -447,10 +314,6 @@ class LifecycleCoordinator:
                 self.record.adopt(obs, hint=hint, memory_freed=freed)
         raise VerificationFailed(f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
                                  check=check.name)  # fmt: skip
-
-    def _weights_loaded(self) -> None:
-        self.record.weights_loaded()
-        self._verifier.forget_golden()
 
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
@@ -499,14 +362,6 @@ def _reply_result(reply: Reply, verdict: Verdict | None, headers: dict[str, str]
     if verdict is not None:
         extra["X-Lifeguard-Verified"] = _summary(verdict)
     return OpResult(reply.status, reply.body, reply.content_type, extra)
-
-
-def _says_no_session(exc: UpstreamBadStatus) -> bool:
-    return any(m in exc.upstream_body for m in _NO_SESSION_MESSAGES)
-
-
-def _json_ct(call: LifecycleCall) -> dict[str, str] | None:
-    return {"Content-Type": "application/json"} if call.body else None
 
 
 def _summary(verdict: Verdict) -> str:

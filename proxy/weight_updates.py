@@ -1,0 +1,137 @@
+"""`WeightUpdates`: the weight-update operations (the session phases and `/collective_rpc`).
+
+The coordinator runs them under its lock, from a state `rules.judge` accepted, with one exception:
+`/update_weights` inside an open session is forwarded at once, outside the lock, because the trainer's
+NCCL send runs concurrently with it and would deadlock behind a queued call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import NoReturn
+
+from .calls import LifecycleCall
+from .config import Settings
+from .engine_calls import EngineCalls, json_content_type
+from .errors import InvalidTransition, UpstreamBadStatus
+from .probes import Verifier
+from .record import EngineRecord
+from .states import State
+from .upstream import Reply, VllmClient
+
+# What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
+_NO_SESSION_MESSAGES = (
+    "start_weight_update must be called before update_weights",
+    "called without a matching start_weight_update",
+)
+WEIGHT_OPERATIONS = frozenset({"start_weight_update", "update_weights", "finish_weight_update", "collective_rpc"})
+
+
+class WeightUpdates:
+    def __init__(self, settings: Settings, client: VllmClient, verifier: Verifier, record: EngineRecord,
+                 calls: EngineCalls, lock: asyncio.Lock) -> None:  # fmt: skip
+        self._settings = settings
+        self._client = client
+        self._verifier = verifier
+        self._record = record
+        self._calls = calls
+        self._lock = lock
+
+    async def run(self, call: LifecycleCall) -> Reply:
+        """One of WEIGHT_OPERATIONS, under the coordinator's lock."""
+        if call.op == "start_weight_update":
+            return await self._start(call)
+        if call.op == "update_weights":
+            return await self._update(call)
+        if call.op == "finish_weight_update":
+            return await self._finish(call)
+        return await self._collective_rpc(call)
+
+    async def in_session(self, call: LifecycleCall, *, locked: bool = False) -> Reply:
+        """`/update_weights` inside an open session; `locked`: whether we already hold the lock."""
+        if "weights" in self._record.asleep_tags:
+            raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
+        try:
+            return await self._client.lifecycle(
+                "POST", "/update_weights", query=call.query, body=call.body or None,
+                timeout_s=self._settings.lifecycle_call_timeout_s, headers=json_content_type(call),
+            )  # fmt: skip
+        except UpstreamBadStatus as exc:
+            if not _says_no_session(exc):
+                raise
+            if locked:
+                await self._session_lost(exc)
+            try:  # outside the lock (the trainer's sends run concurrently): close the session under it
+                async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
+                    await self._lock.acquire()
+            except TimeoutError:
+                raise exc from None  # the operation holding the lock meets the same answer from vLLM
+            try:
+                await self._session_lost(exc)
+            finally:
+                self._lock.release()
+
+    async def _start(self, call: LifecycleCall) -> Reply:
+        prev = self._record.state
+        self._record.fire("begin_weight_update")
+        try:
+            reply = await self._calls.post(call, "/start_weight_update", hint=prev)
+        except UpstreamBadStatus:
+            self._record.settle(prev)
+            raise
+        self._record.weight_update_active = True
+        self._record.return_state = prev
+        return reply
+
+    async def _update(self, call: LifecycleCall) -> Reply:
+        if self._record.weight_update_active:  # a session opened while this call waited its turn
+            return await self.in_session(call, locked=True)
+        prev = self._record.state  # no session open: this call is a session of its own
+        self._record.fire("begin_weight_update")
+        try:
+            reply = await self._calls.post(call, "/update_weights", hint=prev)
+        finally:
+            if self._record.state is State.UPDATING_WEIGHTS:
+                self._record.settle(prev)
+        self._loaded()
+        return reply
+
+    async def _finish(self, call: LifecycleCall) -> Reply:
+        try:
+            reply = await self._calls.post(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
+        except UpstreamBadStatus as exc:
+            if _says_no_session(exc):
+                await self._session_lost(exc)
+            raise
+        self._record.weight_update_active = False
+        self._loaded()
+        self._record.settle(self._record.return_state)
+        return reply
+
+    async def _collective_rpc(self, call: LifecycleCall) -> Reply:
+        reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
+        if call.rpc_method in self._settings.weight_reload_rpc_methods:
+            self._loaded()
+        return reply
+
+    async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
+        """vLLM holds no weight update session while we hold one: it restarted between two reconcile
+        rounds (or the start never took). Left open, the proxy would refuse every call but a finish that
+        vLLM keeps refusing. Close ours, treat it as the restart it almost surely was, and say so."""
+        if self._record.weight_update_active:
+            hint = self._record.return_state
+            self._record.restarted_unseen("vLLM lost the weight update session")
+            await self._calls.adopt_observed(hint)
+        raise InvalidTransition(
+            "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
+            "closed its own and marked the weights stale: start a new session",
+            reason="weight_update_session_lost",
+        ) from exc
+
+    def _loaded(self) -> None:
+        self._record.weights_loaded()
+        self._verifier.forget_golden()
+
+
+def _says_no_session(exc: UpstreamBadStatus) -> bool:
+    return any(m in exc.upstream_body for m in _NO_SESSION_MESSAGES)
