@@ -208,7 +208,7 @@ class LifecycleCoordinator:
         if self.state is State.RUNNING:
             self._verifier.note_awake(before)
         prev = self.state
-        self.record.fire("begin_sleep")
+        self.record.fire("begin_sleep_again" if prev is State.SLEEPING else "begin_sleep")
         headers: dict[str, str] = {}
         if self._settings.drain_before_sleep_s > 0 and call.mode == "abort" and self._gate.inflight:
             self._metrics.policy_action("drain_before_sleep")
@@ -222,13 +222,16 @@ class LifecycleCoordinator:
             failed.name == "memory" and verdict.observation and verdict.observation.sleeping
         ):
             self._caught_lie(call, verdict, hint=prev)
-        self.record.fell_asleep(level)
+        self.record.fell_asleep(level, confirmed=failed is None)
         if prev is State.PAUSED and self.record.user_pause is None:
             self.record.user_pause = "abort"
         if level == 2:
             self._verifier.forget_golden()
         self.record.fire("settle_sleeping")
-        if failed is not None:  # asleep by the flags, but nothing was freed: the engine is where it says
+        if failed is not None:
+            # Asleep by the flags, nothing freed: asleep without freeing, or only paused (a /sleep from PAUSED
+            # that did nothing looks the same). Held as asleep (no /resume, no weight writes onto weights that
+            # may sleep), and a repeat is sent to vLLM again instead of being answered as a no-op.
             self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
         return _reply_result(reply, verdict, headers)
 

@@ -35,6 +35,7 @@ class EngineRecord:
         self._on_view_change = on_view_change
         self.sleep_level: int | None = None
         self.asleep_tags: frozenset[str] = frozenset()
+        self.sleep_unconfirmed = False
         self.user_pause: str | None = None
         self.weight_update_active = False
         self.return_state = State.RUNNING
@@ -60,15 +61,17 @@ class EngineRecord:
             self.user_pause,
             self.weight_update_active,
             self.weights_stale,
+            self.sleep_unconfirmed,
         )
 
     def fire(self, trigger: str) -> None:
         self.lifecycle.fire(trigger)
 
     # ----- facts the coordinator establishes
-    def fell_asleep(self, level: int) -> None:
+    def fell_asleep(self, level: int, *, confirmed: bool = True) -> None:
         self.sleep_level = level
         self.asleep_tags = asleep_tags_for(level)
+        self.sleep_unconfirmed = not confirmed
         if level == 2:
             self.mark_stale("discarded")
 
@@ -192,6 +195,8 @@ class EngineRecord:
         if src is dst:
             return
         self.since = time.time()
+        if dst not in (State.FALLING_ASLEEP, State.SLEEPING, State.WAKING, State.UPDATING_WEIGHTS):
+            self.sleep_unconfirmed = False
         if dst is State.RUNNING:
             self._ever_running = True
         if src is State.FAILED:
@@ -208,6 +213,7 @@ class EngineRecord:
             "since": self.since,
             "sleep_level": self.sleep_level,
             "asleep_tags": sorted(self.asleep_tags),
+            "sleep_unconfirmed": self.sleep_unconfirmed,
             "paused": self.user_pause is not None or self.state in (State.PAUSED, State.PAUSING),
             "pause_mode": self.user_pause,
             "weight_update_active": self.weight_update_active,

@@ -30,6 +30,9 @@ class EngineView:
     weight_update_active: bool = False
     # "discarded" after a level-2 sleep, "restarted" after an engine restart; None when valid.
     weights_stale: str | None = None
+    # Asleep by vLLM's flags, but the GPUs showed nothing freed: maybe only paused (a sleep that lied),
+    # maybe asleep without freeing. A repeat is sent again rather than answered from this belief.
+    sleep_unconfirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
     if op == "sleep":
         if state is State.SLEEPING:
             if view.sleep_level == call.level:
-                return Noop({"status": "sleeping", "level": call.level})
+                return Run() if view.sleep_unconfirmed else Noop({"status": "sleeping", "level": call.level})
             return Refuse(
                 InvalidTransition(
                     f"the engine is asleep at level {view.sleep_level}; wake it before sleeping at level {call.level}",

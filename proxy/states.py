@@ -41,6 +41,8 @@ TRANSITIONS: list[dict[str, Any]] = [
     {"trigger": "begin_pause", "source": State.RUNNING, "dest": State.PAUSING},
     {"trigger": "begin_resume", "source": State.PAUSED, "dest": State.RESUMING},
     {"trigger": "begin_sleep", "source": [State.RUNNING, State.PAUSED], "dest": State.FALLING_ASLEEP},
+    # A sleep the GPUs could not confirm is sent again, not answered as a no-op (rules.EngineView).
+    {"trigger": "begin_sleep_again", "source": State.SLEEPING, "dest": State.FALLING_ASLEEP},
     {"trigger": "begin_wake", "source": State.SLEEPING, "dest": State.WAKING},
     {
         "trigger": "begin_weight_update",

@@ -239,8 +239,10 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
     if state in ("SLEEPING", "UPDATING_WEIGHTS"):
         if set(proxy["asleep_tags"]) == {"scheduling"} and not tags and sim["paused"]:
             return None  # level 0 and a pause look the same from outside; a lie-asleep there cannot be seen
-        # A tag woken without its memory (lie-memory on a partial wake) is, to the GPUs, still asleep.
         resident = set(sim["memory"]["resident"])
+        if proxy.get("sleep_unconfirmed") and not tags and sim["paused"] and MEMORY_TAGS <= resident:
+            return None  # a /sleep from PAUSED that did nothing: the proxy holds it as asleep, unconfirmed
+        # A tag woken without its memory (lie-memory on a partial wake) is, to the GPUs, still asleep.
         unmapped = (MEMORY_TAGS - tags) - resident
         believed = set(proxy["asleep_tags"])
         # After a sleep that freed nothing (an asleep tag kept its memory), a partial wake cannot be seen:

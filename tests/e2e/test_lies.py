@@ -91,7 +91,12 @@ async def test_1_sleep_without_sleep_mode_is_503_memory_and_the_proxy_says_sleep
     _assert_sim_asleep(stack, ["kv_cache", "weights"])  # the flags did flip: vLLM is asleep, just not freed
     check = _failed_check(snapshot)
     assert check["name"] == "memory" and check["value"] == stack.sim.memory.used_bytes
+    assert snapshot["sleep_unconfirmed"] is True
     task = await _hold_one(stack)  # still asleep by vLLM's own account: inference is held, not forwarded
+    await _still_held(stack, task)
+    again = await stack.client.post("/sleep?level=1")  # unconfirmed: sent again, not answered from belief
+    assert again.status == 503 and "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
     await _still_held(stack, task)
     assert (await stack.client.post("/wake_up")).status == 200
     assert (await task).status == 200
@@ -110,6 +115,35 @@ async def test_1b_lie_memory_on_sleep_flags_asleep_but_nothing_freed_is_503_slee
     assert snapshot["state"] == "SLEEPING"
     assert _failed_check(snapshot)["name"] == "memory"
     _assert_sim_asleep(stack, ["kv_cache", "weights"])
+    assert stack.sim.violations == []
+
+
+async def test_1c_a_sleep_from_paused_that_did_nothing_is_sent_again_not_answered_as_a_noop(make_stack):
+    # Chaos run (seed 21): from PAUSED the flags already read asleep, so a /sleep that did nothing passed
+    # them; the proxy took the engine for asleep and answered the next /sleep as a no-op on a paused engine.
+    stack = await make_stack()
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("sleep:lie-asleep")
+
+    resp = await stack.client.post("/sleep?level=1")
+
+    assert resp.status == 503
+    assert (await _error(resp))["reason"] == "verification_failed"
+    snapshot = await stack.state()
+    assert snapshot["state"] == "SLEEPING" and snapshot["sleep_unconfirmed"] is True
+    engine = stack.sim.state_dict()
+    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
+    assert (await stack.client.post("/resume")).status == 409  # held as asleep: no resume onto maybe-freed memory
+
+    again = await stack.client.post("/sleep?level=1")
+
+    assert again.status == 200, await again.text()
+    assert "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
+    _assert_sim_asleep(stack, ["kv_cache", "weights"])
+    assert (await stack.state())["sleep_unconfirmed"] is False
+    assert (await stack.client.post("/wake_up")).status == 200
+    assert (await stack.state())["state"] == "PAUSED"  # the user's pause outlives the sleep
     assert stack.sim.violations == []
 
 

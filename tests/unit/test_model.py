@@ -140,7 +140,7 @@ def calls() -> st.SearchStrategy[LifecycleCall]:
 
 
 def expected_decision(call: LifecycleCall, state: State, level: int | None, tags: frozenset[str],
-                      session: bool) -> str:  # fmt: skip
+                      session: bool, sleep_unconfirmed: bool = False) -> str:  # fmt: skip
     """The issue-2 table, written out on its own: refuse | noop | record | run."""
     op = call.op
     if state in (State.STARTING, State.FAILED):
@@ -149,7 +149,9 @@ def expected_decision(call: LifecycleCall, state: State, level: int | None, tags
         return "refuse"
     if op == "sleep":
         if state is State.SLEEPING:
-            return "noop" if level == call.level else "refuse"
+            if level == call.level:
+                return "run" if sleep_unconfirmed else "noop"  # a sleep the GPUs did not confirm is sent again
+            return "refuse"
         return "run"
     if op == "wake_up":
         if state is not State.SLEEPING:
@@ -242,7 +244,8 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     def _expect(self, call: LifecycleCall) -> str:
         r = self.coordinator.record
-        return expected_decision(call, r.state, r.sleep_level, r.asleep_tags, r.weight_update_active)
+        return expected_decision(call, r.state, r.sleep_level, r.asleep_tags, r.weight_update_active,
+                                 r.sleep_unconfirmed)  # fmt: skip
 
     @rule(call=calls())
     def lifecycle(self, call: LifecycleCall) -> None:
