@@ -67,7 +67,7 @@ class LifecycleCoordinator:
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
         self.record = EngineRecord(metrics, self._refresh_gate)
         self._calls = EngineCalls(settings, client, verifier, self.record)
-        self._weights = WeightUpdates(settings, client, verifier, self.record, self._calls, self._lock)
+        self._weights = WeightUpdates(settings, verifier, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self._refresh_gate()
 

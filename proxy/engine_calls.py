@@ -1,8 +1,8 @@
 """`EngineCalls`: one lifecycle call to vLLM, watched for engine death, and what its failure means.
 
-The coordinator and the weight-update operations send every lifecycle call through here, under the
-coordinator's lock. A failed call leaves vLLM somewhere we did not ask for, so the record adopts what
-vLLM's flags and the GPUs then say.
+The coordinator and the weight-update operations send their lifecycle calls through here, under the
+coordinator's lock (the one exception: `/update_weights` inside a session, see weight_updates.py). A failed
+call leaves vLLM somewhere we did not ask for, so the record adopts what vLLM's flags and the GPUs then say.
 """
 
 from __future__ import annotations
@@ -33,19 +33,18 @@ class EngineCalls:
     async def post(self, call: LifecycleCall, path: str, *, hint: State) -> Reply:
         """POST `call` to vLLM's `path`; on failure adopt what vLLM is (`hint`: the state we were near)."""
         try:
-            return await self._watching(
-                self._client.lifecycle(
-                    "POST",
-                    path,
-                    query=call.query,
-                    body=call.body or None,
-                    timeout_s=self._settings.lifecycle_call_timeout_s,
-                    headers=json_content_type(call),
-                )  # fmt: skip
-            )
+            return await self._watching(self.send(call, path))
         except UpstreamError as exc:
             await self.adopt_observed(hint, message=exc.message)
             raise
+
+    async def send(self, call: LifecycleCall, path: str) -> Reply:
+        """POST `call` to vLLM's `path`, unwatched, with nothing adopted on failure."""
+        headers = {"Content-Type": "application/json"} if call.body else None
+        return await self._client.lifecycle(
+            "POST", path, query=call.query, body=call.body or None,
+            timeout_s=self._settings.lifecycle_call_timeout_s, headers=headers,
+        )  # fmt: skip
 
     async def adopt_observed(self, hint: State, *, message: str | None = None) -> None:
         """Re-read what vLLM is (flags and GPU memory) and adopt it."""
@@ -74,7 +73,3 @@ class EngineCalls:
                     raise UpstreamUnreachable("the engine died while the lifecycle call was in flight")
         finally:
             task.cancel()
-
-
-def json_content_type(call: LifecycleCall) -> dict[str, str] | None:
-    return {"Content-Type": "application/json"} if call.body else None

@@ -12,12 +12,12 @@ from typing import NoReturn
 
 from .calls import LifecycleCall
 from .config import Settings
-from .engine_calls import EngineCalls, json_content_type
+from .engine_calls import EngineCalls
 from .errors import InvalidTransition, UpstreamBadStatus
 from .probes import Verifier
 from .record import EngineRecord
 from .states import State
-from .upstream import Reply, VllmClient
+from .upstream import Reply
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
 _NO_SESSION_MESSAGES = (
@@ -28,10 +28,9 @@ WEIGHT_OPERATIONS = frozenset({"start_weight_update", "update_weights", "finish_
 
 
 class WeightUpdates:
-    def __init__(self, settings: Settings, client: VllmClient, verifier: Verifier, record: EngineRecord,
-                 calls: EngineCalls, lock: asyncio.Lock) -> None:  # fmt: skip
+    def __init__(self, settings: Settings, verifier: Verifier, record: EngineRecord, calls: EngineCalls,
+                 lock: asyncio.Lock) -> None:  # fmt: skip
         self._settings = settings
-        self._client = client
         self._verifier = verifier
         self._record = record
         self._calls = calls
@@ -52,10 +51,7 @@ class WeightUpdates:
         if "weights" in self._record.asleep_tags:
             raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
         try:
-            return await self._client.lifecycle(
-                "POST", "/update_weights", query=call.query, body=call.body or None,
-                timeout_s=self._settings.lifecycle_call_timeout_s, headers=json_content_type(call),
-            )  # fmt: skip
+            return await self._calls.send(call, "/update_weights")
         except UpstreamBadStatus as exc:
             if not _says_no_session(exc):
                 raise
