@@ -66,11 +66,19 @@ class Engine:
         self.weight_update_active = False
         self.weight_transfer_initialized = False
         self.weight_version = "default"
+        self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
         self.errored = False
         self.wedged: set[str] = set()
         self.sleep_metric = _AWAKE_METRIC
         self.memory.reset()
+
+    @property
+    def text_seed(self) -> str:
+        """What greedy answers depend on: the model, and the weights written since the initial checkpoint
+        (a restarted vLLM answers like the checkpoint again, not like the trained weights)."""
+        seed = str(self.settings.seed)
+        return seed if not self.weight_writes else f"{seed}+{self.weight_writes}"
 
     # --- observation
     @property
@@ -102,6 +110,7 @@ class Engine:
             "weights_valid": self.weights_valid,
             "weight_update_active": self.weight_update_active,
             "weight_version": self.weight_version,
+            "weight_writes": self.weight_writes,
             "garbage": self.garbage,
             "wedged": sorted(self.wedged),
             "memory": {
@@ -336,6 +345,7 @@ class Engine:
             raise errors.worker_failed("start_weight_update must be called before update_weights.")
         if "weights" in self.executor_tags:
             self.violate("update_weights_while_asleep", "/update_weights while weights asleep")
+        self.weight_writes += 1
         self.after(fired)
         return {"message": "Weights updated"}
 

@@ -129,7 +129,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.settings.seed, spec.prompt, top_logprobs=spec.logprobs or 0)
+    stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
     writer = _Shaper(engine.settings.model, req, spec)
     tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
     async with contextlib.aclosing(tokens):

@@ -74,7 +74,7 @@ def detokenize(ids: list[int]) -> str:
 class TokenStream:
     """Yields the tokens a request would generate; ``natural_length`` models an EOS."""
 
-    def __init__(self, seed: int, prompt: str, *, top_logprobs: int = 0) -> None:
+    def __init__(self, seed: int | str, prompt: str, *, top_logprobs: int = 0) -> None:
         self._good = random.Random(f"{seed}\x00{prompt}")
         # Garbled output ignores the prompt: weights that were discarded no longer encode it.
         self._garbled = random.Random(f"{seed}\x00garbled")
