@@ -65,9 +65,9 @@ class LifecycleCoordinator:
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
-        self.record = EngineRecord(metrics, self._refresh_gate)
+        self.record = EngineRecord(metrics, self._refresh_gate, on_weights_changed=verifier.forget_golden)
         self._calls = EngineCalls(settings, client, verifier, self.record)
-        self._weights = WeightUpdates(settings, verifier, self.record, self._calls, self._lock)
+        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self._refresh_gate()
 
@@ -225,8 +225,6 @@ class LifecycleCoordinator:
         self.record.fell_asleep(level, confirmed=failed is None)
         if prev is State.PAUSED and self.record.user_pause is None:
             self.record.user_pause = "abort"
-        if level == 2:
-            self._verifier.forget_golden()
         self.record.fire("settle_sleeping")
         if failed is not None:
             # Asleep by the flags, nothing freed: asleep without freeing, or only paused (a /sleep from PAUSED

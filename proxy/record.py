@@ -30,9 +30,17 @@ _SETTLE_TRIGGER = {
 
 
 class EngineRecord:
-    def __init__(self, metrics: Metrics, on_view_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        on_view_change: Callable[[], None],
+        on_weights_changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
+        initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply."""
         self._metrics = metrics
         self._on_view_change = on_view_change
+        self._on_weights_changed = on_weights_changed
         self.sleep_level: int | None = None
         self.asleep_tags: frozenset[str] = frozenset()
         self.sleep_unconfirmed = False
@@ -78,9 +86,11 @@ class EngineRecord:
     def mark_stale(self, reason: str) -> None:
         self.weights_stale = reason
         self._metrics.weights_stale(True)
+        self._on_weights_changed()
         self._on_view_change()
 
     def weights_loaded(self) -> None:
+        self._on_weights_changed()
         if self.weights_stale is not None:
             self.weights_stale = None
             self._metrics.weights_stale(False)

@@ -14,7 +14,6 @@ from .calls import LifecycleCall
 from .config import Settings
 from .engine_calls import EngineCalls
 from .errors import InvalidTransition, UpstreamBadStatus
-from .probes import Verifier
 from .record import EngineRecord
 from .states import State
 from .upstream import Reply
@@ -28,10 +27,8 @@ WEIGHT_OPERATIONS = frozenset({"start_weight_update", "update_weights", "finish_
 
 
 class WeightUpdates:
-    def __init__(self, settings: Settings, verifier: Verifier, record: EngineRecord, calls: EngineCalls,
-                 lock: asyncio.Lock) -> None:  # fmt: skip
+    def __init__(self, settings: Settings, record: EngineRecord, calls: EngineCalls, lock: asyncio.Lock) -> None:
         self._settings = settings
-        self._verifier = verifier
         self._record = record
         self._calls = calls
         self._lock = lock
@@ -89,7 +86,7 @@ class WeightUpdates:
         finally:
             if self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
-        self._loaded()
+        self._record.weights_loaded()
         return reply
 
     async def _finish(self, call: LifecycleCall) -> Reply:
@@ -100,14 +97,14 @@ class WeightUpdates:
                 await self._session_lost(exc)
             raise
         self._record.weight_update_active = False
-        self._loaded()
+        self._record.weights_loaded()
         self._record.settle(self._record.return_state)
         return reply
 
     async def _collective_rpc(self, call: LifecycleCall) -> Reply:
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
-            self._loaded()
+            self._record.weights_loaded()
         return reply
 
     async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
@@ -123,10 +120,6 @@ class WeightUpdates:
             "closed its own and marked the weights stale: start a new session",
             reason="weight_update_session_lost",
         ) from exc
-
-    def _loaded(self) -> None:
-        self._record.weights_loaded()
-        self._verifier.forget_golden()
 
 
 def _says_no_session(exc: UpstreamBadStatus) -> bool:

@@ -359,6 +359,30 @@ async def test_6_garbage_that_goes_away_is_noticed_by_the_re_checked_canary_and_
     assert stack.sim.violations == []
 
 
+async def test_6_a_restarted_engine_answering_like_its_checkpoint_is_not_taken_for_garbage(make_stack):
+    # Chaos run (seed 202): the golden answer came from trained weights; vLLM restarted with the initial
+    # checkpoint, and the first full wake's canary "drifted from golden": FAILED on a healthy engine.
+    stack = await make_stack()
+    for op in ("start_weight_update", "update_weights", "finish_weight_update"):
+        body = {"update_info": {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]}}
+        assert (await stack.client.post(f"/{op}", json=body if op == "update_weights" else None)).status == 200
+    await _asleep(stack)
+    trained = await stack.client.post("/wake_up")
+    assert "canary=pass" in trained.headers["X-Lifeguard-Verified"]  # golden: the trained weights' answer
+    stack.faults("pause:crash")
+    assert (await stack.client.post("/pause")).status == 503
+    stack.sim.restart()
+    assert (await stack.wait_state("RUNNING"))["weights_stale"] is True
+    await _asleep(stack)
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 200, await resp.text()
+    assert "canary=pass" in resp.headers["X-Lifeguard-Verified"]
+    assert (await stack.state())["state"] == "RUNNING"
+    assert stack.sim.violations == []
+
+
 # ----- 7. /sleep while decode is in flight, and the engine dies right after its 200
 async def test_7_engine_dead_after_sleep_200_is_503_failed_and_held_requests_are_not_released(make_stack):
     stack = await make_stack(sim=SimSettings(**{**FAST_SIM.__dict__, "watchdog_seconds": 0.3}))
