@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from chaos_checks import Call, error_shape_problem
+from chaos_checks import Call, error_shape_problem, journal_entries
 
 SIM_SCRIPT = Path(__file__).with_name("sim_process.py")
 
@@ -370,20 +370,7 @@ async def _wait_fired(session: aiohttp.ClientSession, sim: SimSupervisor, stop: 
 
 
 def _fired_since(journal: Path, offset: int) -> set[str]:
-    if not journal.exists():
-        return set()
-    with open(journal, "rb") as f:
-        f.seek(offset)
-        lines = f.read().splitlines()
-    fired: set[str] = set()
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a kill -9 mid-write
-        if entry.get("ev") == "fault":
-            fired.add(str(entry["kind"]))
-    return fired
+    return {str(e["kind"]) for e in journal_entries(journal, offset) if e.get("ev") == "fault"}
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

@@ -65,6 +65,22 @@ class Journal:
     pausing: list[tuple[int, str, float, float]] = field(default_factory=list)
 
 
+def journal_entries(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """The journal's entries from byte `offset` on; none if the simulator never wrote one."""
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill -9 mid-write
+    return entries
+
+
 def read_journal(path: Path) -> Journal:
     timeline: list[tuple[float, dict[str, Any]]] = []
     violations: list[dict[str, Any]] = []
@@ -73,11 +89,7 @@ def read_journal(path: Path) -> Journal:
     starts = 0
     open_ops: dict[tuple[int, str], list[float]] = {}
     pausing: list[tuple[int, str, float, float]] = []
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a kill -9 mid-write
+    for entry in journal_entries(path):
         ev = entry.get("ev")
         if ev == "begin":
             open_ops.setdefault((entry["pid"], entry["op"]), []).append(float(entry["t"]))
