@@ -25,8 +25,10 @@ from .handlers import (
     FORWARDER,
     GATE,
     METRICS,
+    ROUTES,
     SETTINGS,
     SHUTTING_DOWN,
+    UNKNOWN_ROUTES,
     error_middleware,
     healthz,
     proxy,
@@ -37,9 +39,10 @@ from .metrics import Metrics
 from .policies import Policies
 from .probes import Verifier
 from .reconcile import reconcile_loop
-from .routes import LIFECYCLE_PATHS
+from .routes import LIFECYCLE_PATHS, build_table
 from .states import TRANSITIONS, State
 from .tasks import spawn
+from .unknown_routes import UnknownRoutes
 from .upstream import VllmClient
 
 
@@ -63,6 +66,8 @@ def create_app(
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[SHUTTING_DOWN] = []
+    app[ROUTES] = build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)
+    app[UNKNOWN_ROUTES] = UnknownRoutes(metrics)
     app.cleanup_ctx.append(
         _engine_context(settings, metrics, gpu or make_reader(settings.gpu_probe, settings.gpu_devices))
     )
@@ -106,6 +111,7 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
         policies_box: list[Policies] = []
         gate = RequestGate(
             max_held=settings.max_held_requests,
+            max_held_bytes=settings.max_held_bytes,
             hold_timeout_s=settings.hold_timeout_s,
             on_hold_ended=metrics.hold_finished,
             on_held_while_sleeping=lambda: policies_box[0].request_held_while_sleeping(),

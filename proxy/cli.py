@@ -112,7 +112,7 @@ async def serve(settings: Settings) -> None:
         __version__,
         settings.host,
         runner.addresses[0][1] if runner.addresses else settings.port,
-        settings.upstream,
+        settings.upstream_shown,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

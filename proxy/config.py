@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -20,6 +21,7 @@ from pydantic_settings import (
 )
 
 OnSleeping = Literal["hold", "reject", "wake"]
+RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
 
 
 class Settings(BaseSettings):
@@ -50,7 +52,16 @@ class Settings(BaseSettings):
     # Seconds to receive a whole request body once its headers are in; then 408 body_timeout.
     client_body_timeout_s: float = Field(default=60.0, gt=0)
     max_held_requests: int = Field(default=10_000, ge=0)
+    # The bodies of held requests stay in memory until the engine is ready: their total is bounded too.
+    max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     hold_timeout_s: float = Field(default=300.0, gt=0)
+
+    # --- the route table (proxy/routes.py)
+    # A route that neither vLLM nor a supported trainer has: `pass` forwards it at once (like vLLM would);
+    # `hold` treats it as inference (held while the engine is not ready).
+    unknown_routes: Literal["pass", "hold"] = "pass"
+    # Extra paths per class: {inference|at_once|serialized|never_gated: [path, "/prefix/*", "/x/{id}"]}.
+    routes: dict[RouteClass, tuple[str, ...]] = Field(default_factory=dict)
 
     # --- the control plane
     lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
@@ -101,6 +112,26 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https:// (got {value!r})")
         return value.rstrip("/")
+
+    @property
+    def upstream_shown(self) -> str | None:
+        """The upstream URL as it may appear in logs and /lifeguard/state: without a password."""
+        if self.upstream is None:
+            return None
+        parts = urlsplit(self.upstream)
+        if parts.password is None:
+            return self.upstream
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    @field_validator("routes")
+    @classmethod
+    def _route_paths_are_paths(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for kind, paths in value.items():
+            for path in paths:
+                if not path.startswith("/") or "?" in path:
+                    raise ValueError(f"routes.{kind}: {path!r} is not a path starting with '/'")
+        return value
 
     @field_validator("gpu_probe")
     @classmethod

@@ -19,24 +19,25 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .calls import LifecycleCall
 from .config import Settings
 from .engine_calls import EngineCalls
-from .errors import LifecycleBusy, LifeguardError, UpstreamError, VerificationFailed
+from .errors import LifecycleBusy, LifeguardError, UpstreamError, UpstreamRejected, VerificationFailed
 from .gate import RequestGate
 from .gpu import GpuReading
 from .metrics import Metrics
 from .probes import Expectation, Verdict, Verifier
 from .record import EngineRecord
-from .rules import Noop, Record, Refuse, admission, judge, wake_targets
+from .rules import Noop, Record, Refuse, admission, control_refusal, judge, wake_targets
 from .states import State
 from .tasks import spawn
 from .upstream import Observation, Reply, VllmClient
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
 log = logging.getLogger("lifeguard.lifecycle")
+T = TypeVar("T")
 
 
 @dataclass
@@ -94,7 +95,7 @@ class LifecycleCoordinator:
             "lifecycle_busy": self.busy,
             "last_verification": last.as_dict() if last else None,
             "gpu_memory": memory.as_dict() if memory else None,
-            "upstream": self._client.base_url,
+            "upstream": self._settings.upstream_shown,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
                 "idle_sleep_after_s": self._settings.idle_sleep_after_s,
@@ -195,8 +196,33 @@ class LifecycleCoordinator:
             return _json_result(decision.body, "ok", **{"X-Lifeguard-Deferred": "pause applied on wake"})
         if call.op in WEIGHT_OPERATIONS:
             return _reply_result(await self._weights.run(call), None)
-        operation: Callable[[LifecycleCall], Awaitable[OpResult]] = getattr(self, f"_do_{call.op}")
-        return await operation(call)
+        operations: dict[str, Callable[[LifecycleCall], Awaitable[OpResult]]] = {
+            "sleep": self._do_sleep,
+            "wake_up": self._do_wake_up,
+            "pause": self._do_pause,
+            "resume": self._do_resume,
+            "release_kv_cache_memory": self._do_release_kv_cache_memory,
+        }
+        return await operations[call.op](call)
+
+    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run a control call that touches weights or memory (routes.RouteKind.SERIALIZED) after any lifecycle
+        transition in progress, never during one; it is not held by a sleep or a pause."""
+        if (refusal := control_refusal(self.record.view())) is not None:
+            raise refusal
+        try:
+            async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise LifecycleBusy(
+                f"a lifecycle operation held the engine for {self._settings.lifecycle_queue_timeout_s:g} s",
+            ) from None
+        try:
+            if (refusal := control_refusal(self.record.view())) is not None:
+                raise refusal
+            return await work()
+        finally:
+            self._lock.release()
 
     async def _in_session(self, call: LifecycleCall) -> OpResult:
         return _reply_result(await self._weights.in_session(call), None)
@@ -277,6 +303,23 @@ class LifecycleCoordinator:
             self.record.fire("settle_paused")
             return _reply_result(reply, verdict, {"X-Lifeguard-Pause-Kept": self.record.user_pause})
         self.record.fire("settle_running")
+        return _reply_result(reply, verdict)
+
+    async def _do_release_kv_cache_memory(self, call: LifecycleCall) -> OpResult:
+        before = await self._verifier.read_memory()
+        self.record.fire("begin_sleep")
+        reply = await self._calls.post(call, "/release_kv_cache_memory", hint=State.PAUSED)
+        verdict = await self._verifier.verify(
+            Expectation(sleeping=True, paused=True, memory="part_freed"), memory_before=before
+        )
+        failed = verdict.failed
+        if failed is not None and failed.name != "memory":
+            self._caught_lie(call, verdict, hint=State.PAUSED)
+        self.record.released_kv_cache()
+        self.record.fire("settle_sleeping")
+        if failed is not None:
+            # Paused by the flags, nothing freed: a wake is still what brings it back, so it is held as released.
+            self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
         return _reply_result(reply, verdict)
 
     async def _do_pause(self, call: LifecycleCall) -> OpResult:
@@ -370,6 +413,8 @@ def _summary(verdict: Verdict) -> str:
 
 
 def _outcome_of(error: LifeguardError) -> str:
+    if isinstance(error, UpstreamRejected):
+        return "invalid"
     if isinstance(error, LifecycleBusy):
         return "busy"
     if isinstance(error, VerificationFailed):

@@ -25,10 +25,13 @@ class LifeguardError(Exception):
         param: str | None = None,
         retry_after: float | None = None,
         reason: str | None = None,
+        close_connection: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        if close_connection is not None:
+            self.close_connection = close_connection
         if retry_after is not None:
             self.retry_after = retry_after
         if reason is not None:
@@ -38,6 +41,15 @@ class LifeguardError(Exception):
 class BadParameter(LifeguardError):
     status = 400
     reason = "bad_parameter"
+    error_type = "BadRequestError"
+    retry_after = None
+
+
+class BadTarget(LifeguardError):
+    """A request target that two parsers could read as two different paths (proxy/target.py)."""
+
+    status = 400
+    reason = "bad_request_target"
     error_type = "BadRequestError"
     retry_after = None
 
@@ -132,6 +144,19 @@ class UpstreamBadStatus(UpstreamError):
         super().__init__(message)
         self.upstream_status = upstream_status
         self.upstream_body = upstream_body
+
+
+class UpstreamRejected(UpstreamBadStatus):
+    """vLLM refused a lifecycle call with a 4xx (a bad body, say): relayed to the client as vLLM said it."""
+
+    reason = "upstream_rejected"
+    retry_after = None
+
+    def __init__(self, message: str, *, upstream_status: int, body: bytes, content_type: str | None) -> None:
+        super().__init__(message, upstream_status=upstream_status, upstream_body=body.decode(errors="replace")[:2000])
+        self.status = upstream_status
+        self.body = body
+        self.content_type = content_type
 
 
 class VerificationFailed(LifeguardError):

@@ -38,12 +38,17 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        # The proxy's own admin credential: it authorises the call here and is never vLLM's business.
+        "x-lifeguard-token",
     }
 )
 
 
-def end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMultiDict[str]:
-    """A copy of `headers` without hop-by-hop ones, nor the ones listed in `Connection`."""
+def end_to_end(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], also_drop: frozenset[str] = frozenset()
+) -> CIMultiDict[str]:
+    """A copy of `headers` without hop-by-hop ones, nor the ones listed in `Connection` or `also_drop`
+    (lower-case names)."""
     if isinstance(headers, (CIMultiDict, CIMultiDictProxy)):
         # aiohttp's own header maps: a case-insensitive C lookup finds `Connection` without a loop.
         listed: list[str] = headers.getall("Connection", [])
@@ -51,7 +56,7 @@ def end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMult
     else:
         items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
         listed = [value for name, value in items if name.lower() == "connection"]
-    drop = HOP_BY_HOP
+    drop = HOP_BY_HOP | also_drop if also_drop else HOP_BY_HOP
     if listed:
         drop = drop | {token.strip().lower() for value in listed for token in value.split(",")}
     return CIMultiDict([(name, value) for name, value in items if name.lower() not in drop])
@@ -60,6 +65,14 @@ def end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> CIMult
 def sse_error_event(message: str) -> bytes:
     payload = {"error": {"message": message, "type": "ServiceUnavailableError", "param": None, "code": 503}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _relative_to(location: str, origins: tuple[str, ...]) -> str:
+    """`location` made relative when it points at one of `origins` (vLLM's own address)."""
+    for origin in origins:
+        if location.startswith(origin) and location[len(origin) : len(origin) + 1] in ("", "/", "?"):
+            return location[len(origin) :] or "/"
+    return location
 
 
 _SKIP_AUTO_HEADERS = ("Accept-Encoding", "User-Agent", "Accept", "Content-Type")
@@ -71,34 +84,41 @@ class Forwarder:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, on_latency: object = None) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
+        origin = URL(self._base).origin()
+        self._upstream_origins = (str(origin), f"{origin.scheme}://{origin.raw_host}:{origin.port}")
         self._on_latency = on_latency if callable(on_latency) else None
         # Parsing the upstream URL is a visible share of a request's cost; inference traffic uses a
         # handful of paths, so the parsed URLs are kept (bounded: query strings make paths unbounded).
         self._urls: dict[str, URL] = {}
 
-    def _url(self, raw_path: str) -> URL:
-        url = self._urls.get(raw_path)
+    def _url(self, raw_target: str) -> URL:
+        url = self._urls.get(raw_target)
         if url is None:
-            url = URL(self._base + raw_path)
+            # encoded=True: the bytes classified (proxy/target.py) are the bytes sent; yarl would otherwise
+            # resolve dot segments and re-quote escapes after the decision.
+            url = URL(self._base + raw_target, encoded=True)
             if len(self._urls) < _URL_CACHE_SIZE:
-                self._urls[raw_path] = url
+                self._urls[raw_target] = url
         return url
 
     async def forward(
         self,
         request: web.Request,
+        raw_target: str,
         body: bytes,
         *,
         extra_headers: Mapping[str, str] | None = None,
+        drop_headers: frozenset[str] = frozenset(),
     ) -> web.StreamResponse:
-        """Send `request` (with its already-read `body`) to vLLM and relay the answer."""
+        """Send `request` to vLLM at `raw_target` (origin-form path and query, as classified), with its
+        already-read `body`, and relay the answer."""
         method = request.method
         started = time.monotonic()
         try:
             upstream_cm = self._session.request(
                 method,
-                self._url(request.raw_path),
-                headers=end_to_end(request.headers),
+                self._url(raw_target),
+                headers=end_to_end(request.headers, drop_headers),
                 data=body if body or method not in _NO_BODY_METHODS else None,
                 allow_redirects=False,
                 skip_auto_headers=_SKIP_AUTO_HEADERS,
@@ -123,6 +143,10 @@ class Forwarder:
         headers = end_to_end(upstream.headers)
         if extra_headers:
             headers.update(extra_headers)
+        location = headers.get("Location")
+        if location is not None:
+            # starlette's redirects (a trailing slash) name vLLM's own address; the client must stay with us.
+            headers["Location"] = _relative_to(location, self._upstream_origins)
         is_sse = "text/event-stream" in upstream.headers.get("Content-Type", "").lower()
         if upstream.content_length is not None and not is_sse:
             payload = await upstream.read()

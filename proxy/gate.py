@@ -48,10 +48,13 @@ class RequestGate:
         *,
         max_held: int,
         hold_timeout_s: float,
+        max_held_bytes: int | None = None,
         on_hold_ended: Callable[[str, float], None] = lambda outcome, seconds: None,
         on_held_while_sleeping: Callable[[], None] = lambda: None,
     ) -> None:
         self._max_held = max_held
+        self._max_held_bytes = max_held_bytes
+        self._held_bytes = 0
         self._hold_timeout_s = hold_timeout_s
         self._on_hold_ended = on_hold_ended
         self._on_held_while_sleeping = on_held_while_sleeping
@@ -95,8 +98,13 @@ class RequestGate:
         if self._held and self._admission is Admission.FORWARD:
             asyncio.get_running_loop().call_soon(self._release_batch)
 
-    async def admit(self) -> Ticket:
-        """Wait until the request may be forwarded; raises a LifeguardError for every other ending."""
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    async def admit(self, size: int = 0) -> Ticket:
+        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
+        other ending."""
         self.last_activity = time.monotonic()
         # While a release drains, newcomers queue behind the held requests: arrival order is kept.
         if self._admission is Admission.FORWARD and self._closed is None and not self._held:
@@ -111,7 +119,17 @@ class RequestGate:
         if len(self._held) >= self._max_held:
             self._on_hold_ended("hold_queue_full", 0.0)
             raise HoldQueueFull(f"{len(self._held)} requests are already held; the limit is {self._max_held}")
-        return await self._hold()
+        if self._max_held_bytes is not None and self._held_bytes + size > self._max_held_bytes:
+            self._on_hold_ended("hold_queue_full", 0.0)
+            raise HoldQueueFull(
+                f"held request bodies take {self._held_bytes} bytes; this one ({size}) would pass the limit "
+                f"of {self._max_held_bytes}"
+            )
+        self._held_bytes += size
+        try:
+            return await self._hold()
+        finally:
+            self._held_bytes -= size
 
     async def _hold(self) -> Ticket:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

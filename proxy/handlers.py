@@ -13,6 +13,7 @@ import hmac
 import logging
 import math
 import time
+from functools import partial
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -23,18 +24,21 @@ from .coordinator import LifecycleCoordinator
 from .errors import (
     BodyTimeout,
     BodyTooLarge,
-    EngineUnavailable,
     Forbidden,
     LifeguardError,
     Unauthorized,
     UpstreamError,
+    UpstreamRejected,
     UpstreamTimeout,
 )
 from .forward import STREAM_BROKEN, Forwarder
 from .gate import RequestGate
 from .metrics import Metrics
-from .routes import LIFECYCLE_PATHS, RouteKind, classify, normalise
+from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
+from .rules import control_refusal
 from .states import State
+from .target import Target, canonical_target
+from .unknown_routes import UnknownRoutes
 
 log = logging.getLogger("lifeguard.http")
 
@@ -44,9 +48,16 @@ GATE = web.AppKey("gate", RequestGate)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", Metrics)
 SHUTTING_DOWN = web.AppKey("shutting_down", list)
+ROUTES = web.AppKey("routes", RouteTable)
+UNKNOWN_ROUTES = web.AppKey("unknown_routes", UnknownRoutes)
 
 
 def render_error(error: LifeguardError) -> web.Response:
+    if isinstance(error, UpstreamRejected):
+        # vLLM's own refusal of a lifecycle call: the client sees what vLLM said, as vLLM said it.
+        rejected = web.Response(status=error.status, body=error.body, headers={"X-Lifeguard-Reason": error.reason})
+        rejected.headers["Content-Type"] = error.content_type or "application/json"
+        return rejected
     body = {
         "error": {
             "message": error.message,
@@ -106,45 +117,74 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": ready, "state": current.value}, status=200 if ready else 503)
 
 
-def _check_admin(request: web.Request, settings: Settings) -> None:
+def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
+    """Raise unless the admin token (when one is set) came with `request`; returns the header that carried it,
+    which is not forwarded to vLLM."""
     if settings.admin_token is None:
-        return
+        return frozenset()
     expected = settings.admin_token.get_secret_value().encode()
+    carrier = "x-lifeguard-token"
     offered = request.headers.get("X-Lifeguard-Token")
     if offered is None:
         auth = request.headers.get("Authorization", "")
         offered = auth[7:] if auth[:7].lower() == "bearer " else None
+        carrier = "authorization"
     if offered is None:
-        raise Unauthorized("this lifecycle route needs the admin token (Authorization: Bearer or X-Lifeguard-Token)")
-    if not hmac.compare_digest(offered.encode(), expected):
+        raise Unauthorized("this route needs the admin token (Authorization: Bearer or X-Lifeguard-Token)")
+    try:
+        offered_bytes = offered.encode()
+    except UnicodeEncodeError:  # aiohttp keeps undecodable header bytes as surrogates
+        raise Unauthorized("the admin token must be UTF-8 text") from None
+    if not hmac.compare_digest(offered_bytes, expected):
         raise Forbidden("the admin token is wrong")
+    return frozenset({carrier})
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
-    """Every path not under /lifeguard/: classified once, then guarded or forwarded."""
+    """Every path not under /lifeguard/: its target read once (proxy/target.py), classified, then guarded or
+    forwarded with exactly the bytes that were classified."""
     app = request.app
-    kind = classify(request.method, request.path)
     started = time.monotonic()
+    kind = RouteKind.NEVER_GATED
     try:
+        target = canonical_target(request.raw_path)
+        kind = app[ROUTES].classify(request.method, target.path)
         if kind is RouteKind.LIFECYCLE:
-            return await _lifecycle(request, LIFECYCLE_PATHS[normalise(request.path)])
+            return await _lifecycle(request, target)
+        guarded = kind not in (RouteKind.INFERENCE, RouteKind.NEVER_GATED)
+        dropped = _check_admin(request, app[SETTINGS]) if guarded else frozenset()
         body = await _read_body(request)
         if kind is RouteKind.INFERENCE:
-            return await _inference(request, body)
+            return await _inference(request, target, body)
+        forward = partial(app[FORWARDER].forward, request, target.raw, body, drop_headers=dropped)
         if kind is RouteKind.AT_ONCE:
-            _check_admin(request, app[SETTINGS])
-            if app[COORDINATOR].state is State.FAILED:
-                raise EngineUnavailable("the engine has failed; control calls are refused until it is back")
-        return await app[FORWARDER].forward(request, body)
+            if (refusal := control_refusal(app[COORDINATOR].record.view())) is not None:
+                raise refusal
+        elif kind is RouteKind.SERIALIZED:
+            return await app[COORDINATOR].exclusive(forward)
+        elif kind is RouteKind.UNKNOWN:
+            app[UNKNOWN_ROUTES].seen(request.method, target.path)
+        return await forward()
     finally:
-        route_class = "inference" if kind is RouteKind.INFERENCE else "lifecycle"
-        if kind in (RouteKind.NEVER_GATED, RouteKind.AT_ONCE):
-            route_class = "passthrough"
-        app[METRICS].request_duration(route_class, time.monotonic() - started)
+        app[METRICS].request_duration(_ROUTE_CLASS[kind], time.monotonic() - started)
+
+
+_ROUTE_CLASS = {kind: "passthrough" for kind in RouteKind} | {
+    RouteKind.INFERENCE: "inference",
+    RouteKind.LIFECYCLE: "lifecycle",
+}
 
 
 async def _read_body(request: web.Request) -> bytes:
-    timeout = request.app[SETTINGS].client_body_timeout_s
+    settings = request.app[SETTINGS]
+    declared = request.content_length
+    if declared is not None and declared > settings.max_body_bytes:
+        # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
+        raise BodyTooLarge(
+            f"the request body ({declared} bytes) exceeds the limit of {settings.max_body_bytes} bytes",
+            close_connection=True,
+        )
+    timeout = settings.client_body_timeout_s
     try:
         async with asyncio.timeout(timeout):
             return await request.read()
@@ -152,15 +192,16 @@ async def _read_body(request: web.Request) -> bytes:
         raise BodyTimeout(f"the request body did not arrive within {timeout:g} s") from None
 
 
-async def _lifecycle(request: web.Request, op: str) -> web.Response:
+async def _lifecycle(request: web.Request, target: Target) -> web.Response:
     app = request.app
-    body = await _read_body(request)
+    op = LIFECYCLE_PATHS[target.path.rstrip("/")]
     try:
-        _check_admin(request, app[SETTINGS])
+        _check_admin(request, app[SETTINGS])  # before the body: no buffering for a caller without the token
+        body = await _read_body(request)
         call = parse_call(op, request.query.items(), body)
     except LifeguardError as exc:
         # Refused before the coordinator sees it; still an operation outcome users want on the dashboard.
-        app[METRICS].operation_finished(op, "invalid" if exc.status == 400 else "unauthorized", 0.0)
+        app[METRICS].operation_finished(op, "invalid" if exc.status in (400, 413) else "unauthorized", 0.0)
         raise
     result = await app[COORDINATOR].submit(call)
     response = web.Response(status=result.status, body=result.body, headers=result.headers)
@@ -169,13 +210,13 @@ async def _lifecycle(request: web.Request, op: str) -> web.Response:
     return response
 
 
-async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
+async def _inference(request: web.Request, target: Target, body: bytes) -> web.StreamResponse:
     app = request.app
     metrics = app[METRICS]
     outcome = "forwarded"
     started = time.monotonic()
     try:
-        ticket = await app[GATE].admit()
+        ticket = await app[GATE].admit(len(body))
     except LifeguardError as exc:
         metrics.inference_finished(exc.reason if exc.reason in _GATE_OUTCOMES else "engine_unavailable")
         _log_not_forwarded(request, exc.reason, started)
@@ -186,7 +227,7 @@ async def _inference(request: web.Request, body: bytes) -> web.StreamResponse:
         raise
     try:
         extra = _STALE_HEADER if app[COORDINATOR].weights_stale else None
-        response = await app[FORWARDER].forward(request, body, extra_headers=extra)
+        response = await app[FORWARDER].forward(request, target.raw, body, extra_headers=extra)
         if request.get(STREAM_BROKEN):
             outcome = "stream_broken"
         return response

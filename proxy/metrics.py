@@ -39,6 +39,11 @@ __all__ = [
     "Metrics",
 ]
 
+#: Methods kept as they are in the unknown-route series; any other is "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: Distinct (method, path template) series of unknown routes before they are folded into "other".
+UNKNOWN_ROUTE_LABELS = 64
+
 #: How a lifecycle call (sleep, wake_up, pause ...) ended, as answered to its caller.
 OPERATION_OUTCOMES: tuple[str, ...] = (
     "ok",  # forwarded, upstream 200, verified
@@ -283,6 +288,17 @@ class Metrics:
         )
         self._policies = _bind(policies, POLICIES)
 
+        # --- routes in no table (routes.RouteKind.UNKNOWN): the one label whose values are open, so bounded
+        self._unknown_routes = Counter(
+            "lifeguard_unknown_route_requests",
+            "Requests to a route neither vLLM nor a supported trainer serves, forwarded at once "
+            "(unknown_routes: pass), by method and path template (digits as {id}; past "
+            f"{UNKNOWN_ROUTE_LABELS} templates, 'other').",
+            ["method", "path"],
+            registry=registry,
+        )
+        self._unknown_route_children: dict[tuple[str, str], Counter] = {}
+
     def handler(self) -> Handler:
         """The aiohttp handler serving this registry (mounted at ``GET /lifeguard/metrics``)."""
         return make_aiohttp_handler(self.registry)
@@ -375,6 +391,15 @@ class Metrics:
         self._gpu_probe.set(1 if available else 0)
 
     # --- policies
+
+    def unknown_route(self, method: str, template: str) -> None:
+        key = (method if method in HTTP_METHODS else "other", template)
+        child = self._unknown_route_children.get(key)
+        if child is None:
+            if len(self._unknown_route_children) >= UNKNOWN_ROUTE_LABELS:
+                key = (key[0], "other")
+            child = self._unknown_route_children.setdefault(key, self._unknown_routes.labels(*key))
+        child.inc()
 
     def policy_action(self, policy: str) -> None:
         """An operating ``policy`` (POLICIES) acted on its own."""

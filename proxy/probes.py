@@ -28,7 +28,7 @@ from .upstream import Observation, VllmClient
 
 @dataclass(frozen=True)
 class Expectation:
-    """The state an operation promises. `memory`: "freed", "restored", "part_restored" or None."""
+    """The state an operation promises. `memory`: "freed", "part_freed", "restored", "part_restored" or None."""
 
     sleeping: bool
     paused: bool | None = None
@@ -204,7 +204,12 @@ class Verifier:
                 )
             return None
         if before is None or not before.available:
-            return "unknown: no memory reading from before the wake"
+            return "unknown: no memory reading from before the call"
+        if kind == "part_freed":
+            dropped = before.used_bytes - used
+            if dropped < s.weights_wake_min_fraction * footprint:
+                return f"releasing the KV cache freed only {_gib(max(dropped, 0))}; nothing was released"
+            return None
         grown = used - before.used_bytes
         if grown < s.weights_wake_min_fraction * footprint:
             return f"the partial wake added only {_gib(max(grown, 0))}; what it woke did not come back"

@@ -83,6 +83,12 @@ class EngineRecord:
         if level == 2:
             self.mark_stale("discarded")
 
+    def released_kv_cache(self) -> None:
+        """`/release_kv_cache_memory` from a completed pause: only the KV cache is gone, no sleep level."""
+        self.sleep_level = None
+        self.asleep_tags = frozenset({"kv_cache"})
+        self.sleep_unconfirmed = False
+
     def mark_stale(self, reason: str) -> None:
         self.weights_stale = reason
         self._metrics.weights_stale(True)

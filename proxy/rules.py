@@ -79,14 +79,18 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
         return Refuse(EngineUnavailable(f"the engine is not available (state {state.value})"))
     in_update = state is State.UPDATING_WEIGHTS
     op = call.op
-    if op in ("sleep", "wake_up", "pause", "resume") and in_update:
+    if op in ("sleep", "wake_up", "pause", "resume", "release_kv_cache_memory") and in_update:
         return Refuse(
             InvalidTransition(
                 f"a weight update session is open; call /finish_weight_update before /{op}",
                 reason="weight_update_in_progress",
             )
         )
+    if op == "release_kv_cache_memory":
+        return _judge_release(view)
     if op == "sleep":
+        if state is State.SLEEPING and view.sleep_level is None:
+            return Run()  # only the KV cache was released: the weights are still resident
         if state is State.SLEEPING:
             if view.sleep_level == call.level:
                 return Run() if view.sleep_unconfirmed else Noop({"status": "sleeping", "level": call.level})
@@ -144,6 +148,31 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
             )
         )
     return Run()
+
+
+def _judge_release(view: EngineView) -> Decision:
+    """vLLM's EngineCore.release_kv_cache_memory needs a completed pause and every allocation resident."""
+    if view.state is State.PAUSED:
+        return Run()
+    if view.state is State.SLEEPING and view.asleep_tags == {"kv_cache"}:
+        return Noop({"status": "kv_cache_released"})
+    if view.state is State.SLEEPING:
+        return Refuse(
+            InvalidTransition(
+                "the engine is asleep; /release_kv_cache_memory needs the weights and KV cache resident",
+                reason="already_asleep",
+            )
+        )
+    return Refuse(
+        InvalidTransition("/release_kv_cache_memory needs a completed pause: call /pause first", reason="not_paused")
+    )
+
+
+def control_refusal(view: EngineView) -> LifeguardError | None:
+    """Why a control call (route kinds AT_ONCE and SERIALIZED) may not be forwarded now, if it may not."""
+    if view.state is State.FAILED:
+        return EngineUnavailable("the engine has failed; control calls are refused until it is back")
+    return None
 
 
 class Admission(enum.Enum):

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from .errors import UpstreamBadStatus, UpstreamTimeout, UpstreamUnreachable
+from .errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,14 @@ class VllmClient:
         # after it resets, and aiohttp only retries idempotent methods. These calls are rare: no reuse.
         kwargs["headers"] = {**(kwargs.get("headers") or {}), "Connection": "close"}
         reply = await self.call(method, path, **kwargs)
+        if 400 <= reply.status < 500:
+            # vLLM refused the call before acting on it (validation, a missing route): the client's error.
+            raise UpstreamRejected(
+                f"vLLM answered {path} with {reply.status}: {reply.message()}",
+                upstream_status=reply.status,
+                body=reply.body,
+                content_type=reply.content_type,
+            )
         if not 200 <= reply.status < 300:
             raise UpstreamBadStatus(
                 f"vLLM answered {path} with {reply.status}: {reply.message()}",

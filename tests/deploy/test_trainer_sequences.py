@@ -29,7 +29,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.routes import RouteKind, classify
+from proxy.routes import RouteKind, build_table
 from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from proxy.sim.engine import Engine
 
@@ -243,7 +243,9 @@ def test_every_http_trainer_guide_documents_its_config_key_and_sequences() -> No
 
 
 def test_the_generate_route_is_treated_like_completions() -> None:
-    assert classify("POST", "/inference/v1/generate") is classify("POST", "/v1/completions") is RouteKind.INFERENCE
+    table = build_table()
+    assert table.classify("POST", "/inference/v1/generate") is table.classify("POST", "/v1/completions")
+    assert table.classify("POST", "/v1/completions") is RouteKind.INFERENCE
 
 
 @pytest.mark.parametrize("guide", [g for g in HTTP_TRAINERS if g != "trl"] + ["trl"])

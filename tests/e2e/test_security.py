@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.routes import AT_ONCE_PATHS, LIFECYCLE_PATHS
+from proxy.routes import VLLM_ROUTES, RouteKind
 
 from .conftest import Stack
 
@@ -42,7 +42,12 @@ VALID: dict[str, tuple[dict[str, str], Any]] = {
     "/abort_requests": ({}, {"request_ids": []}),
     "/reset_prefix_cache": ({}, None),
 }
-GUARDED = sorted(set(LIFECYCLE_PATHS) | set(AT_ONCE_PATHS))
+# Every POST control route of vLLM's that the token guards (templated ones need a concrete path, left out).
+GUARDED = sorted(
+    path
+    for methods, path, kind in VLLM_ROUTES
+    if kind in (RouteKind.LIFECYCLE, RouteKind.AT_ONCE, RouteKind.SERIALIZED) and "POST" in methods and "{" not in path
+)
 
 
 def _call(path: str) -> tuple[dict[str, str], Any]:
