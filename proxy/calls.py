@@ -1,8 +1,9 @@
 """Lifecycle calls as values: parsed and validated before anything is sent to vLLM.
 
-vLLM validates little itself (an unknown or comma-joined wake tag is a silent no-op; a bad `/sleep`
-mode fails inside the engine as a 500), so every parameter is checked here and the call is rebuilt in
-the one form vLLM understands: tags as repeated `tags=` parameters.
+vLLM validates little itself (an unknown or comma-joined wake tag is a silent no-op), so every parameter
+is checked here and the call is rebuilt in the one form vLLM understands: tags as repeated `tags=`
+parameters. A bad parameter is answered as vLLM 0.32's FastAPI validation answers it: 400, type
+"Bad Request", `param` naming where it was ("query.mode", "body.method").
 """
 
 from __future__ import annotations
@@ -71,15 +72,15 @@ def _level(raw: str) -> int:
     try:
         level = int(raw)
     except ValueError:
-        raise BadParameter(f"level must be an integer 0..2, got {raw!r}", param="level") from None
+        raise BadParameter(f"level must be an integer 0..2, got {raw!r}", param="query.level") from None
     if level not in SLEEP_LEVELS:
-        raise BadParameter(f"level must be 0, 1 or 2, got {level}", param="level")
+        raise BadParameter(f"level must be 0, 1 or 2, got {level}", param="query.level")
     return level
 
 
 def _mode(raw: str) -> str:
     if raw not in MODES:
-        raise BadParameter(f"mode must be one of abort, wait, keep; got {raw!r}", param="mode")
+        raise BadParameter(f"mode must be one of abort, wait, keep; got {raw!r}", param="query.mode")
     return raw
 
 
@@ -90,7 +91,7 @@ def _tags(raw_values: list[str]) -> tuple[str, ...] | None:
     for raw in raw_values:
         for tag in (part.strip() for part in raw.split(",")):
             if tag not in TAGS:
-                raise BadParameter(f"tags must be among weights, kv_cache, scheduling; got {tag!r}", param="tags")
+                raise BadParameter(f"tags must be among weights, kv_cache, scheduling; got {tag!r}", param="query.tags")
             if tag not in tags:
                 tags.append(tag)
     return tuple(tags)
@@ -105,15 +106,15 @@ def _bool(pairs: list[tuple[str, str]], name: str) -> bool | None:
         return True
     if raw in _FALSE:
         return False
-    raise BadParameter(f"{name} must be true or false, got {values[-1]!r}", param=name)
+    raise BadParameter(f"{name} must be true or false, got {values[-1]!r}", param=f"query.{name}")
 
 
 def _rpc_method(body: bytes) -> str:
     try:
         payload = json.loads(body or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python's parser goes
         raise BadParameter("collective_rpc needs a JSON body", param="body") from None
     method = payload.get("method") if isinstance(payload, dict) else None
     if not isinstance(method, str) or not method:
-        raise BadParameter("collective_rpc needs a string 'method' in its JSON body", param="method")
+        raise BadParameter("collective_rpc needs a string 'method' in its JSON body", param="body.method")
     return method

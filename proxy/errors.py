@@ -41,7 +41,7 @@ class LifeguardError(Exception):
 class BadParameter(LifeguardError):
     status = 400
     reason = "bad_parameter"
-    error_type = "BadRequestError"
+    error_type = "Bad Request"  # vLLM's RequestValidationError answer (serve/exception_handling)
     retry_after = None
 
 

@@ -140,6 +140,17 @@ def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
     return frozenset({carrier})
 
 
+def _admitted_before_body(request: web.Request) -> frozenset[str]:
+    """The admin token is checked before a byte of the body is read: nothing is buffered for a caller without
+    it. Refused with its body still on the wire, the connection cannot carry another request."""
+    try:
+        return _check_admin(request, request.app[SETTINGS])
+    except LifeguardError as exc:
+        if request.body_exists:
+            exc.close_connection = True
+        raise
+
+
 async def proxy(request: web.Request) -> web.StreamResponse:
     """Every path not under /lifeguard/: its target read once (proxy/target.py), classified, then guarded or
     forwarded with exactly the bytes that were classified."""
@@ -152,7 +163,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         if kind is RouteKind.LIFECYCLE:
             return await _lifecycle(request, target)
         guarded = kind not in (RouteKind.INFERENCE, RouteKind.NEVER_GATED)
-        dropped = _check_admin(request, app[SETTINGS]) if guarded else frozenset()
+        dropped = _admitted_before_body(request) if guarded else frozenset()
         body = await _read_body(request)
         if kind is RouteKind.INFERENCE:
             return await _inference(request, target, body)
@@ -196,7 +207,7 @@ async def _lifecycle(request: web.Request, target: Target) -> web.Response:
     app = request.app
     op = LIFECYCLE_PATHS[target.path.rstrip("/")]
     try:
-        _check_admin(request, app[SETTINGS])  # before the body: no buffering for a caller without the token
+        _admitted_before_body(request)
         body = await _read_body(request)
         call = parse_call(op, request.query.items(), body)
     except LifeguardError as exc:

@@ -230,6 +230,11 @@ def _compile(template: str) -> re.Pattern[str]:
     return re.compile("[^/]+".join(re.escape(part) for part in parts))
 
 
-#: Label for UNKNOWN paths in metrics and logs: segments holding digits become `{id}`.
 def path_template(path: str) -> str:
-    return "/".join("{id}" if any(c.isdigit() for c in segment) else segment for segment in path.split("/"))
+    """The label of an UNKNOWN path in metrics and logs: segments that look like ids (all digits, or long
+    with digits: uuids, hashes) become `{id}`; version segments such as `v1` stay."""
+    return "/".join("{id}" if _looks_like_id(segment) else segment for segment in path.split("/"))
+
+
+def _looks_like_id(segment: str) -> bool:
+    return segment.isdigit() or (len(segment) >= 8 and any(c.isdigit() for c in segment))

@@ -42,6 +42,14 @@ async def _lifeline(request: web.Request, handler: Handler) -> web.StreamRespons
     except EngineHTTPError as exc:
         return json_response(exc.body, status=exc.status)
     except web.HTTPNotFound:
+        if request.path != "/" and request.path.endswith("/"):
+            # starlette's redirect_slashes: a route spelt with a trailing slash is redirected, with an absolute
+            # URL on vLLM's own address, to the route without it (307 keeps the method and the body).
+            bare = request.path[:-1]
+            match = await request.app.router.resolve(request.clone(rel_url=request.rel_url.with_path(bare)))
+            if match.http_exception is None:
+                location = request.url.with_path(bare).with_query(request.rel_url.query)
+                return web.Response(status=307, headers={"Location": str(location)})
         return json_response({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
         return json_response({"detail": "Method Not Allowed"}, status=405)

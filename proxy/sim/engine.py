@@ -279,6 +279,27 @@ class Engine:
         self.after(fired)
         return {"status": claimed, "tags": tags}
 
+    async def release_kv_cache_memory(self) -> dict[str, object]:
+        """vLLM 0.32's EngineCore.release_kv_cache_memory: from a completed pause, discard the KV cache only;
+        AsyncLLM then records the sleep-state gauge as asleep at no level (awake 0, both levels 0)."""
+        fired = await self.enter("release_kv_cache_memory")
+        if fired.kind != "lie-asleep":
+            if not self.is_paused or self.scheduler.requests:
+                raise errors.method_failed(
+                    "release_kv_cache_memory", "release_kv_cache_memory() requires a completed pause first"
+                )
+            if self.executor_tags:
+                raise errors.method_failed(
+                    "release_kv_cache_memory",
+                    "release_kv_cache_memory() requires all executor memory to be resident",
+                )
+            self.executor_tags = {"kv_cache"}
+            if self.settings.sleep_mode and fired.kind != "lie-memory":
+                self.memory.release({"kv_cache"})
+        self.sleep_metric = (0, 0, 0)
+        self.after(fired)
+        return {"status": "kv_cache_released"}
+
     # --- pause family
     async def pause(self, mode: str) -> dict[str, object]:
         fired = await self.enter("pause")

@@ -93,6 +93,10 @@ async def wake_up(request: web.Request) -> web.Response:
     return _ok(await request.app[SIM_ENGINE].wake_up(list(tags) or None))
 
 
+async def release_kv_cache_memory(request: web.Request) -> web.Response:
+    return _ok(await request.app[SIM_ENGINE].release_kv_cache_memory())
+
+
 async def is_sleeping(request: web.Request) -> web.Response:
     engine = request.app[SIM_ENGINE]
     engine.check_alive()
@@ -201,6 +205,7 @@ def add_routes(app: web.Application) -> None:
     post = {
         "/sleep": sleep,
         "/wake_up": wake_up,
+        "/release_kv_cache_memory": release_kv_cache_memory,
         "/pause": pause,
         "/resume": resume,
         "/abort_requests": abort_requests,

@@ -74,6 +74,34 @@ class Stack:
         return int(counters.get(op, 0)) - (self.generate_baseline if op == "generate" else 0)
 
 
+async def raw_exchange(stack: Stack, data: bytes, *, read_for: float = 2.0, half_close: bool = False) -> bytes:
+    """Send `data` as is on a fresh connection; everything the proxy answers until it closes or `read_for` s pass."""
+    server = stack.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(data)
+    await writer.drain()
+    if half_close:
+        writer.write_eof()
+    received = b""
+    deadline = time.monotonic() + read_for
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), deadline - time.monotonic())
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    finally:
+        writer.close()
+    return received
+
+
+def status_of(raw: bytes) -> int:
+    return int(raw.split(b" ", 2)[1]) if raw.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else 0
+
+
 @pytest.fixture
 def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
     async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:

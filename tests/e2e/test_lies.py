@@ -175,7 +175,7 @@ async def test_3_unknown_wake_tag_is_400_and_never_sent(make_stack):
 
     assert resp.status == 400
     error = await _error(resp)
-    assert error["reason"] == "bad_parameter" and error["param"] == "tags"
+    assert error["reason"] == "bad_parameter" and error["param"] == "query.tags"
     assert stack.sim_count("wake_up") == 0
     assert (await stack.state())["state"] == "SLEEPING"
     _assert_sim_asleep(stack, ["kv_cache", "weights"])

@@ -249,7 +249,7 @@ async def test_bad_parameters_are_400_and_nothing_is_sent(make_stack: Any) -> No
         resp = await post(stack, path)
         assert resp.status == 400, path
         assert resp.headers["X-Lifeguard-Reason"] == "bad_parameter"
-        assert (await resp.json())["error"]["param"] in ("level", "mode", "tags")
+        assert (await resp.json())["error"]["param"] in ("query.level", "query.mode", "query.tags")
     assert stack.sim.state_dict()["counters"] == before
 
 

@@ -9,14 +9,14 @@ from proxy.errors import BadParameter
 @pytest.mark.parametrize(
     ("op", "query", "param"),
     [
-        ("sleep", [("level", "3")], "level"),
-        ("sleep", [("level", "-1")], "level"),
-        ("sleep", [("level", "one")], "level"),
-        ("sleep", [("mode", "drain")], "mode"),
-        ("pause", [("mode", "bogus")], "mode"),
-        ("pause", [("clear_cache", "maybe")], "clear_cache"),
-        ("wake_up", [("tags", "weights,bogus")], "tags"),
-        ("wake_up", [("tags", "")], "tags"),
+        ("sleep", [("level", "3")], "query.level"),
+        ("sleep", [("level", "-1")], "query.level"),
+        ("sleep", [("level", "one")], "query.level"),
+        ("sleep", [("mode", "drain")], "query.mode"),
+        ("pause", [("mode", "bogus")], "query.mode"),
+        ("pause", [("clear_cache", "maybe")], "query.clear_cache"),
+        ("wake_up", [("tags", "weights,bogus")], "query.tags"),
+        ("wake_up", [("tags", "")], "query.tags"),
     ],
 )
 def test_a_bad_parameter_is_a_400_naming_it(op: str, query: list[tuple[str, str]], param: str) -> None:
@@ -24,6 +24,14 @@ def test_a_bad_parameter_is_a_400_naming_it(op: str, query: list[tuple[str, str]
         parse_call(op, query, b"")
     assert err.value.param == param
     assert err.value.status == 400
+    assert err.value.error_type == "Bad Request"  # vLLM's own answer to a query that fails validation
+
+
+def test_json_nested_past_the_parser_is_a_400_not_a_crash() -> None:
+    """100,000 nested `[` made json.loads raise RecursionError, which escaped as 503 proxy_error."""
+    with pytest.raises(BadParameter) as err:
+        parse_call("collective_rpc", [], b"[" * 100_000)
+    assert err.value.status == 400 and err.value.param == "body"
 
 
 def test_comma_joined_and_repeated_tags_are_both_accepted_and_sent_repeated() -> None:
