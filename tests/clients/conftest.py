@@ -27,6 +27,9 @@ from proxy.sim.engine import Engine
 
 MODEL = "tiny"
 HOLD_TIMEOUT_S = 4.0
+# The trainers' packages and the heavyweight packages stood in for (stand_ins.py). Ordinary libraries
+# (requests, httpx) stay imported: re-importing them breaks their isinstance checks.
+STAND_IN_ROOTS = frozenset({"skyrl", "trl", "areal", "accelerate", "torch", "transformers", "vllm"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,9 +49,9 @@ def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _restore_modules() -> Iterator[None]:
     """Stand-ins and client modules never leak from one scenario into the next."""
-    saved = dict(sys.modules)
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] in STAND_IN_ROOTS}
     yield
-    for name in set(sys.modules) - set(saved):
+    for name in [name for name in sys.modules if name.split(".")[0] in STAND_IN_ROOTS]:
         del sys.modules[name]
     sys.modules.update(saved)
 
