@@ -12,7 +12,6 @@ The packages' `__init__` files import torch, Ray, vLLM and the trainers' whole s
 """
 
 from __future__ import annotations
-
 import __future__
 
 import ast
