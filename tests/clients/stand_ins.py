@@ -20,8 +20,7 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,24 +43,6 @@ def _package(name: str, path: Path) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__path__ = [str(path)]
     return module
-
-
-@contextmanager
-def modules(stand_ins: dict[str, types.ModuleType]) -> Iterator[None]:
-    """Install `stand_ins` into sys.modules for the block; restore whatever was there afterwards."""
-    saved = {name: sys.modules.get(name) for name in stand_ins}
-    before = set(sys.modules)
-    sys.modules.update(stand_ins)
-    try:
-        yield
-    finally:
-        for name in set(sys.modules) - before:
-            sys.modules.pop(name, None)
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 def bare_packages(site: Path, dotted: str) -> dict[str, types.ModuleType]:
