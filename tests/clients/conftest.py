@@ -32,8 +32,14 @@ HOLD_TIMEOUT_S = 4.0
 STAND_IN_ROOTS = frozenset({"skyrl", "trl", "areal", "accelerate", "torch", "transformers", "vllm"})
 
 
+HERE = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: mark only the ones in this folder.
     for item in items:
+        if HERE not in item.path.parents:
+            continue
         item.add_marker(pytest.mark.clients)
         # The clients' own code, not ours: SkyRL's _get_session reads aiohttp's deprecated session.loop.
         item.add_marker(pytest.mark.filterwarnings("ignore:client.loop property is deprecated:DeprecationWarning"))
