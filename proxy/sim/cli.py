@@ -85,6 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.watchdog_seconds,
         help="after lie-dead, the process exits this much later (default: %(default)s)",
     )
+    add("--enable-scale-out", action="store_true", help="serve /inference/v1/generate, like vLLM's flag")
+    add(
+        "--enable-lora",
+        action="store_true",
+        help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: --enable-lora and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)",
+    )
+    add(
+        "--trainer-server",
+        action="append",
+        default=[],
+        choices=("skyrl", "areal"),
+        help="also serve that trainer's own server-wrapper routes and worker-extension RPCs (repeatable)",
+    )
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
@@ -106,6 +120,9 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         sleep_mode=not args.no_sleep_mode,
         watchdog_seconds=args.watchdog_seconds,
         max_model_len=args.max_model_len,
+        enable_scale_out=args.enable_scale_out,
+        enable_lora=args.enable_lora,
+        trainer_servers=tuple(args.trainer_server),
     )
 
 

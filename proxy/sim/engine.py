@@ -30,6 +30,10 @@ from proxy.sim.scheduler import PauseState, Scheduler
 from proxy.sim.settings import SimSettings
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
+# The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/).
+SKYRL_WORKER_RPCS = frozenset(
+    {"skyrl_start_weight_update", "update_weights_ipc", "update_weights_nccl", "skyrl_finish_weight_update"}
+)
 _AWAKE_METRIC = (1, 0, 0)
 # vLLM's /pause handler sleeps 20 ms after the engine acknowledges, to let outputs flush.
 _PAUSE_FLUSH_SECONDS = 0.02
@@ -68,6 +72,10 @@ class Engine:
         self.weight_version = "default"
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
+        self.lora_adapters: dict[str, str] = {}  # name -> path; a restarted vLLM has none
+        # Cleared while a trainer's server wrapper holds generation before the engine (AReaL's pause).
+        self.trainer_gate = asyncio.Event()
+        self.trainer_gate.set()
         self.errored = False
         self.wedged: set[str] = set()
         self.sleep_metric = _AWAKE_METRIC
@@ -334,6 +342,9 @@ class Engine:
     # --- weights
     async def collective_rpc(self, method: str) -> dict[str, object] | None:
         fired = await self.enter("collective_rpc")
+        if method in SKYRL_WORKER_RPCS and "skyrl" in self.settings.trainer_servers:
+            self._skyrl_rpc(method, fired)
+            return None
         if method != "reload_weights":
             raise errors.worker_failed(f"'Worker' object has no attribute '{method}'")
         if fired.kind != "lie-asleep":
@@ -344,6 +355,45 @@ class Engine:
                 self.garbage = False
         self.after(fired)
         return None
+
+    def _skyrl_rpc(self, method: str, fired: Fired) -> None:
+        """SkyRL's worker extension (NewInferenceWorkerWrap): its weight pushes write the weights in place."""
+        if "weights" in self.executor_tags:
+            self.violate(f"{method}_while_weights_asleep", f"{method} while the weights are asleep")
+        elif method == "skyrl_finish_weight_update" and fired.kind != "lie-asleep":
+            self.weights_valid = True
+            self.garbage = False
+            self.weight_writes += 1
+        self.after(fired)
+
+    # --- LoRA adapters (vLLM's OpenAIServingModels.load_lora_adapter / unload_lora_adapter)
+    async def load_lora_adapter(self, name: str, path: str, *, in_place: bool) -> str:
+        fired = await self.enter("load_lora_adapter")
+        if name == self.settings.model:
+            raise errors.bad_request(f"The lora adapter '{name}' conflicts with a served base model.")
+        if not in_place and name in self.lora_adapters:
+            raise errors.bad_request(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, "
+                "set 'load_inplace' to True."
+            )
+        if not (Path(path) / "adapter_config.json").is_file():
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            raise errors.EngineHTTPError(404, errors.openai_error(message, "NotFoundError", 404))
+        if "weights" in self.executor_tags:
+            self.violate("lora_load_while_weights_asleep", f"LoRA {name} loaded while the weights are asleep")
+        self.lora_adapters[name] = path
+        self.after(fired)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_lora_adapter(self, name: str) -> str:
+        self.counters["unload_lora_adapter"] += 1
+        self.check_alive()
+        if name not in self.lora_adapters:
+            raise errors.EngineHTTPError(
+                404, errors.openai_error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
+            )
+        del self.lora_adapters[name]
+        return f"Success: LoRA adapter '{name}' removed successfully."
 
     def init_weight_transfer_engine(self) -> dict[str, object]:
         self.counters["init_weight_transfer_engine"] += 1

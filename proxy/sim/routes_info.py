@@ -37,18 +37,24 @@ async def prometheus(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    settings = request.app[SIM_ENGINE].settings
-    card = {
-        "id": settings.model,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": settings.model,
-        "parent": None,
-        "max_model_len": settings.max_model_len,
-        "permission": [],
-    }
-    return json_response({"object": "list", "data": [card]})
+    engine = request.app[SIM_ENGINE]
+    settings = engine.settings
+
+    def card(name: str, root: str, parent: str | None) -> dict[str, object]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+            "max_model_len": settings.max_model_len,
+            "permission": [],
+        }
+
+    # vLLM lists loaded LoRA adapters after the base model, rooted at their path.
+    adapters = [card(name, path, settings.model) for name, path in engine.lora_adapters.items()]
+    return json_response({"object": "list", "data": [card(settings.model, settings.model, None), *adapters]})
 
 
 async def _json(request: web.Request) -> dict[str, Any]:

@@ -194,10 +194,30 @@ async def get_world_size(request: web.Request) -> web.Response:
 
 async def server_info(request: web.Request) -> web.Response:
     settings = request.app[SIM_ENGINE].settings
-    config = (
+    config_format = request.query.get("config_format", "text")
+    if config_format not in ("text", "json"):
+        expected = "'text' or 'json'"
+        raise errors.validation_error(
+            "query.config_format", "literal_error", f"Input should be {expected}", config_format, {"expected": expected}
+        )
+    config: object = (
         f"model='{settings.model}', served_model_name='{settings.model}', "
         f"max_model_len={settings.max_model_len}, enable_sleep_mode={settings.sleep_mode}, simulator=True"
     )
+    if config_format == "json":
+        # A small subset of pydantic's dump of VllmConfig: the keys trainers read (TRL: model_config.dtype,
+        # weight_transfer_config). torch dtypes are dumped with str(), hence the "torch." prefix.
+        config = {
+            "model_config": {
+                "model": settings.model,
+                "served_model_name": settings.model,
+                "dtype": f"torch.{settings.dtype}",
+                "max_model_len": settings.max_model_len,
+            },
+            "cache_config": {"enable_sleep_mode": settings.sleep_mode},
+            "lora_config": {"max_loras": 1} if settings.enable_lora else None,
+            "weight_transfer_config": {"backend": "nccl"},
+        }
     return _ok({"vllm_config": config, "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}, "system_env": {}})
 
 

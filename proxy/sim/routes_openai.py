@@ -6,9 +6,11 @@ it is held, runs, freezes, or ends with ``finish_reason: "abort"``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from proxy.sim.errors import EngineHTTPError
 from proxy.sim.keys import SIM_ENGINE
 from proxy.sim.responses import dumps, json_response
 from proxy.sim.scheduler import SimRequest
-from proxy.sim.textgen import Token, TokenStream, tokenize
+from proxy.sim.textgen import Token, TokenStream, piece_id, tokenize
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class GenSpec:
     include_usage: bool
     logprobs: int | None
     stop: tuple[str, ...]
+    model: str
+    prompt_ids: tuple[int, ...] = ()
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False
 
 
 def chat_prompt(messages: Any) -> str:
@@ -60,12 +66,20 @@ def _body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _spec(engine: Engine, body: dict[str, Any], *, chat: bool) -> GenSpec:
-    model = body.get("model")
-    if model is not None and model != engine.settings.model:
+def check_model(engine: Engine, model: Any) -> str:
+    """The served name a request asked for: the base model or a loaded LoRA adapter; 404 otherwise."""
+    if model is None:
+        return engine.settings.model
+    if model != engine.settings.model and model not in engine.lora_adapters:
         raise EngineHTTPError(
             404, errors.openai_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
         )
+    return str(model)
+
+
+def _spec(engine: Engine, body: dict[str, Any], *, chat: bool, prompt_in: Any = None) -> GenSpec:
+    model = check_model(engine, body.get("model"))
+    prompt_ids: tuple[int, ...] = ()
     if chat:
         prompt = chat_prompt(body.get("messages"))
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -73,7 +87,9 @@ def _spec(engine: Engine, body: dict[str, Any], *, chat: bool) -> GenSpec:
         top = int(body.get("top_logprobs") or 0)
         logprobs = max(top, 1) if want_logprobs else None
     else:
-        prompt = _completion_prompt(body.get("prompt"))
+        prompt = _completion_prompt(prompt_in)
+        if isinstance(prompt_in, list):
+            prompt_ids = tuple(prompt_in)
         limit = body.get("max_tokens", 16)
         raw_logprobs = body.get("logprobs")
         logprobs = None if raw_logprobs is None else int(raw_logprobs)
@@ -97,17 +113,26 @@ def _spec(engine: Engine, body: dict[str, Any], *, chat: bool) -> GenSpec:
         include_usage=bool(stream_options.get("include_usage")),
         logprobs=logprobs,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        model=model,
+        prompt_ids=prompt_ids or tuple(tokenize(prompt)),
+        return_token_ids=bool(body.get("return_token_ids")),
+        tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
     )
 
 
 def _completion_prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
         return " ".join(str(t) for t in prompt)
     if not isinstance(prompt, str):
-        raise errors.bad_request("'prompt' must be a string or a list of token ids (one prompt)", "prompt")
+        raise errors.bad_request("'prompt' must be a string, a list of token ids, or a list of those", "prompt")
     return prompt
+
+
+def _completion_prompts(prompt: Any) -> list[Any]:
+    """A batch: a list of strings or of token-id lists is several prompts (vLLM answers prompt-major)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return list(prompt)
+    return [prompt]
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -120,7 +145,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[SIM_ENGINE]
-    spec = _spec(engine, _body(await request.read()), chat=chat)
+    body = _body(await request.read())
+    prompts = [None] if chat else _completion_prompts(body.get("prompt"))
+    n = body.get("n", 1)
+    if not isinstance(n, int) or n < 1:
+        raise errors.bad_request("n must be at least 1.", "n")
+    specs = [_spec(engine, body, chat=chat, prompt_in=p) for p in prompts for _ in range(n)]
+    await engine.trainer_gate.wait()  # a trainer's server wrapper may hold requests before the engine
+    if len(specs) > 1:
+        if specs[0].stream:
+            raise errors.bad_request("the simulator streams one choice per request (n=1, one prompt)", "stream")
+        shapers = await asyncio.gather(*(_run_whole(request, spec) for spec in specs))
+        return json_response(_merge(shapers))
+    spec = specs[0]
     req = generation.new_request(
         "chatcmpl" if chat else "cmpl",
         prompt_tokens=spec.prompt_tokens,
@@ -130,14 +167,11 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     )
     fired = await generation.admit(engine, req)
     stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
-    writer = _Shaper(engine.settings.model, req, spec)
+    writer = _Shaper(spec.model, req, spec)
     tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
     async with contextlib.aclosing(tokens):
         if not spec.stream:
-            async for token in tokens:
-                if writer.add(token):
-                    engine.scheduler.finish(req, "stop")
-                    break
+            await _collect(engine, req, writer, tokens)
             return json_response(writer.whole())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         try:
@@ -170,6 +204,44 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+async def _collect(engine: Engine, req: SimRequest, writer: _Shaper, tokens: AsyncIterator[Token]) -> None:
+    async for token in tokens:
+        if writer.add(token):
+            engine.scheduler.finish(req, "stop")
+            break
+
+
+async def _run_whole(request: web.Request, spec: GenSpec) -> _Shaper:
+    """One choice of a batched request: its own engine request, generated to the end."""
+    engine = request.app[SIM_ENGINE]
+    req = generation.new_request(
+        "cmpl",
+        prompt_tokens=spec.prompt_tokens,
+        max_tokens=spec.max_tokens,
+        external_id=request.headers.get("X-Request-Id"),
+        client_gone=lambda: request.transport is None or request.transport.is_closing(),
+    )
+    fired = await generation.admit(engine, req)
+    stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
+    writer = _Shaper(spec.model, req, spec)
+    tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+    async with contextlib.aclosing(tokens):
+        await _collect(engine, req, writer, tokens)
+    return writer
+
+
+def _merge(shapers: list[_Shaper]) -> dict[str, Any]:
+    bodies = [shaper.whole() for shaper in shapers]
+    merged = bodies[0]
+    merged["choices"] = [dict(body["choices"][0], index=i) for i, body in enumerate(bodies)]
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for body in bodies:
+        for key in usage:
+            usage[key] += body["usage"][key]
+    merged["usage"] = usage
+    return merged
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
@@ -212,12 +284,13 @@ class _Shaper:
     def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
         if self._spec.logprobs is None:
             return None
+        as_ids = self._spec.tokens_as_ids
         if self._spec.chat:
-            return {"content": [_chat_logprob(t) for t in tokens]}
+            return {"content": [_chat_logprob(t, as_ids) for t in tokens]}
         return {
-            "tokens": [t.text for t in tokens],
+            "tokens": [_token_str(t.text, as_ids) for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [dict(t.top) for t in tokens],
+            "top_logprobs": [{_token_str(text, as_ids): lp for text, lp in t.top} for t in tokens],
             "text_offset": list(range(len(tokens))),
         }
 
@@ -258,17 +331,28 @@ class _Shaper:
             choice["message"] = {"role": "assistant", "content": self.text, "tool_calls": []}
         else:
             choice["text"] = self.text
+        if self._spec.return_token_ids:
+            # vLLM: OpenAI-extension fields, present only when asked for.
+            choice["prompt_token_ids"] = list(self._spec.prompt_ids)
+            choice["token_ids"] = [t.id for t in self._tokens]
         body = self._envelope([choice], chunk=False)
         body["usage"] = self._usage()
         return body
 
 
-def _chat_logprob(token: Token) -> dict[str, Any]:
+def _token_str(text: str, as_ids: bool) -> str:
+    # vLLM's return_tokens_as_token_ids: every token is "token_id:<id>" instead of its text.
+    return f"token_id:{piece_id(text)}" if as_ids else text
+
+
+def _chat_logprob(token: Token, as_ids: bool) -> dict[str, Any]:
     return {
-        "token": token.text,
+        "token": _token_str(token.text, as_ids),
         "logprob": token.logprob,
         "bytes": list(token.text.encode()),
-        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in token.top],
+        "top_logprobs": [
+            {"token": _token_str(t, as_ids), "logprob": lp, "bytes": list(t.encode())} for t, lp in token.top
+        ],
     }
 
 

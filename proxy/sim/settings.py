@@ -28,3 +28,12 @@ class SimSettings:
     # vLLM's API server notices a dead engine core and exits on a 5 s watchdog tick.
     watchdog_seconds: float = 5.0
     max_model_len: int = 16384
+    dtype: str = "bfloat16"
+    # vLLM 0.32 mounts /inference/v1/generate only with --enable-scale-out; without it the route is a 404.
+    enable_scale_out: bool = False
+    # vLLM mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with --enable-lora and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1.
+    enable_lora: bool = False
+    # Routes and worker-extension RPCs that trainers add with their own vLLM server wrapper
+    # (proxy/sim/trainer_servers.py): any of "skyrl", "areal".
+    trainer_servers: Sequence[str] = field(default_factory=tuple)

@@ -53,6 +53,11 @@ def tokenize(text: str) -> list[int]:
     return ids
 
 
+def piece_id(text: str) -> int:
+    """The id of a whole vocabulary piece (every generated token and top-logprob candidate is one)."""
+    return _PIECE_ID[text]
+
+
 def piece(token_id: int) -> str:
     if 0 <= token_id < _BYTE_BASE:
         return VOCAB[token_id]

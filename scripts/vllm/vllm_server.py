@@ -234,7 +234,8 @@ def main() -> int:
     ap.add_argument("--log", default=None, help="vLLM log file (default: a temp file)")
     ap.add_argument("--timeout", type=float, default=240.0)
     args = ap.parse_args()
-    server = VllmServer(port=args.port, log_path=args.log)
+    # The conformance suite's engine: --enable-scale-out mounts /inference/v1/generate (trainers' rollout route).
+    server = VllmServer(port=args.port, log_path=args.log, extra_args=("--enable-scale-out",))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

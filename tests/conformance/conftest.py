@@ -23,7 +23,11 @@ from proxy.sim.engine import Engine
 REAL_ENGINE_URL = os.environ.get("CONFORMANCE_ENGINE_URL")
 MODEL = os.environ.get("CONFORMANCE_MODEL", "tiny")
 # Paced like vLLM-on-CPU with the tiny model (500 tokens in about 2 s), with quick sleeps and wakes.
-SIM_SETTINGS = SimSettings(model=MODEL, token_seconds=0.004, sleep_seconds=0.02, wake_seconds=0.03)
+# The real engine is started with --enable-scale-out (scripts/vllm/vllm_server.py main()), so the
+# simulator serves /inference/v1/generate too.
+SIM_SETTINGS = SimSettings(
+    model=MODEL, token_seconds=0.004, sleep_seconds=0.02, wake_seconds=0.03, enable_scale_out=True, enable_lora=True
+)
 
 
 @pytest.fixture

@@ -1,0 +1,151 @@
+"""The stack every client scenario drives: the simulator, the proxy in front of it, both in-process.
+
+The proxy runs with a short `hold_timeout_s`, so a request it holds by mistake (a deadlock in a
+trainer's sync) fails within seconds instead of after the default 300 s. After each scenario the
+simulator's `/sim/state` must show no violation: the engine never saw a request while not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from proxy.sim.engine import Engine
+
+MODEL = "tiny"
+HOLD_TIMEOUT_S = 4.0
+# The trainers' packages and the heavyweight packages stood in for (stand_ins.py). Ordinary libraries
+# (requests, httpx) stay imported: re-importing them breaks their isinstance checks.
+STAND_IN_ROOTS = frozenset({"skyrl", "trl", "areal", "accelerate", "torch", "transformers", "vllm"})
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: mark only the ones in this folder.
+    for item in items:
+        if HERE not in item.path.parents:
+            continue
+        item.add_marker(pytest.mark.clients)
+        # The clients' own code, not ours: SkyRL's _get_session reads aiohttp's deprecated session.loop.
+        item.add_marker(pytest.mark.filterwarnings("ignore:client.loop property is deprecated:DeprecationWarning"))
+
+
+@pytest.fixture(autouse=True)
+def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("LIFEGUARD_") and name != "LIFEGUARD_CLIENTS_SITE":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _restore_modules() -> Iterator[None]:
+    """Stand-ins and client modules never leak from one scenario into the next."""
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] in STAND_IN_ROOTS}
+    yield
+    for name in [name for name in sys.modules if name.split(".")[0] in STAND_IN_ROOTS]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+@dataclass
+class Stack:
+    url: str  # the proxy: what the trainer is pointed at
+    sim_url: str
+    engine: Engine
+    calls: list[str] = field(default_factory=list)  # method and path of every call the proxy received
+
+    async def get(self, url: str) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 200, url
+            body: dict[str, Any] = await response.json()
+            return body
+
+    async def sim_state(self) -> dict[str, Any]:
+        return await self.get(f"{self.sim_url}/sim/state")
+
+    async def proxy_state(self) -> dict[str, Any]:
+        return await self.get(f"{self.url}/lifeguard/state")
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            state = await self.proxy_state()
+            if predicate(state):
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}: {state}"
+            await asyncio.sleep(0.02)
+
+    async def assert_clean(self) -> None:
+        """The engine never saw a request while not ready; the proxy ends RUNNING with nothing held."""
+        state = await self.sim_state()
+        assert state["violations"] == [], state["violations"]
+        await self.wait_for(lambda s: s["state"] == "RUNNING" and s["held_requests"] == 0, "RUNNING, nothing held")
+
+    def sent(self, *paths: str) -> list[str]:
+        """The calls the proxy received whose path is one of `paths`, in order."""
+        return [call for call in self.calls if call.split(" ", 1)[1].split("?")[0] in paths]
+
+
+@pytest.fixture
+async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
+    async def make(sim: dict[str, Any] | None = None, **proxy: Any) -> Stack:
+        gpu_file = tmp_path / "gpu.json"
+        sim_settings = {"model": MODEL, "gpu_file": gpu_file, "token_seconds": 0.002, **(sim or {})}
+        sim_app = create_sim_app(SimSettings(**sim_settings))
+        sim_server: TestServer = await aiohttp_server(sim_app)
+        proxy.setdefault("hold_timeout_s", HOLD_TIMEOUT_S)
+        settings = Settings(
+            upstream=str(sim_server.make_url("")).rstrip("/"),
+            gpu_probe=f"file:{gpu_file}",
+            canary_enabled=False,
+            **proxy,
+        )
+        app = create_app(settings)
+        calls: list[str] = []
+
+        @web.middleware
+        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+            calls.append(f"{request.method} {request.path_qs}")
+            return await handler(request)
+
+        app.middlewares.insert(0, record)
+        proxy_server: TestServer = await aiohttp_server(app)
+        stack = Stack(
+            str(proxy_server.make_url("")).rstrip("/"),
+            str(sim_server.make_url("")).rstrip("/"),
+            sim_app[SIM_ENGINE],
+            calls,
+        )
+        await stack.wait_for(lambda s: s["state"] == "RUNNING", "the proxy to see the engine")
+        return stack
+
+    yield make
+
+
+@pytest.fixture
+def adapter_dir(tmp_path: Path) -> Callable[[str], str]:
+    """A LoRA adapter directory as trainers write it (the simulator checks adapter_config.json)."""
+
+    def make(name: str) -> str:
+        folder = tmp_path / "lora" / name
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 16, "peft_type": "LORA"}')
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+        return str(folder)
+
+    return make

@@ -1,0 +1,170 @@
+"""How tests/clients imports the trainers' HTTP modules, and only those, from their real packages.
+
+The packages' `__init__` files import torch, Ray, vLLM and the trainers' whole stacks. So:
+
+* `bare_packages("a.b.c")` registers `a`, `a.b`, `a.b.c` as plain packages over the installed folders,
+  without running their `__init__` files. The modules inside are then imported unmodified.
+* The few heavyweight names an HTTP module imports at its top are replaced by small stand-ins, each
+  built by a function here named for what it replaces. None of them is on an HTTP path: they are the
+  NCCL data path (TRL's trainer-side broadcast), logging helpers, or type annotations.
+* `definitions(path, names)` compiles chosen top-level definitions of a module whose imports are far too
+  heavy (AReaL's `VLLMBackend` next to torch and Ray), unmodified, in a namespace of their own.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import importlib
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SITE_ENV = "LIFEGUARD_CLIENTS_SITE"
+
+
+def client_site() -> Path:
+    """The cached site directory scripts/test-clients.sh installed the trainers' packages into."""
+    site = os.environ.get(SITE_ENV, "")
+    if not site or not Path(site).is_dir():
+        pytest.fail(f"{SITE_ENV}={site!r} is not a directory: run make test-clients")
+    if site not in sys.path:
+        sys.path.append(site)  # after the dev venv: the site only adds what the venv lacks
+    return Path(site)
+
+
+def _package(name: str, path: Path) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = [str(path)]
+    return module
+
+
+def bare_packages(site: Path, dotted: str) -> dict[str, types.ModuleType]:
+    parts = dotted.split(".")
+    found = {}
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        folder = site.joinpath(*parts[:depth])
+        assert folder.is_dir(), f"{folder} is missing from the client site"
+        found[name] = _package(name, folder)
+    return found
+
+
+def load(stand_ins: dict[str, types.ModuleType], module: str) -> types.ModuleType:
+    """Import `module` unmodified with `stand_ins` in place; the stand-ins stay while the test runs."""
+    sys.modules.update(stand_ins)
+    return importlib.import_module(module)
+
+
+# --- stand-ins, one per heavyweight name
+
+
+def accelerate_logging() -> dict[str, types.ModuleType]:
+    """`accelerate.logging.get_logger` (TRL's async GRPO client logs through it)."""
+    module = types.ModuleType("accelerate.logging")
+    module.get_logger = logging.getLogger  # type: ignore[attr-defined]
+    return {"accelerate": _package("accelerate", Path("/nonexistent")), "accelerate.logging": module}
+
+
+def trl_import_utils(vllm_version: tuple[int, int]) -> types.ModuleType:
+    """`trl.import_utils`: TRL asks whether requests and vLLM are installed, and which vLLM. Answered for
+    the vLLM the proxy guards, so TRL picks its code paths for that version."""
+    module = types.ModuleType("trl.import_utils")
+
+    def is_vllm_available(min_version: str | None = None) -> bool:
+        if min_version is None:
+            return True
+        wanted = tuple(int(part) for part in min_version.split(".")[:2])
+        return vllm_version >= wanted
+
+    module.is_requests_available = lambda: True  # type: ignore[attr-defined]
+    module.is_vllm_available = is_vllm_available  # type: ignore[attr-defined]
+    return module
+
+
+class _Device:
+    def __init__(self, kind: str | _Device, index: int | None = None) -> None:
+        text = kind.type if isinstance(kind, _Device) else kind
+        self.type, _, number = text.partition(":")
+        self.index = index if index is not None else (int(number) if number else None)
+
+
+def torch_for_annotations() -> dict[str, types.ModuleType]:
+    """`torch` and `torch.nn` as TRL's server-mode client uses them outside the NCCL path: `torch.device`
+    to check the trainer's device, and names in annotations."""
+    torch = types.ModuleType("torch")
+    nn = types.ModuleType("torch.nn")
+    nn.Module = type("Module", (), {})  # type: ignore[attr-defined]
+    cuda = types.SimpleNamespace(set_device=lambda device: None)
+    torch.device = _Device  # type: ignore[attr-defined]
+    torch.Tensor = type("Tensor", (), {})  # type: ignore[attr-defined]
+    torch.nn = nn  # type: ignore[attr-defined]
+    torch.cuda = cuda  # type: ignore[attr-defined]
+    return {"torch": torch, "torch.nn": nn}
+
+
+def transformers_json_schema() -> dict[str, types.ModuleType]:
+    """`transformers.utils.get_json_schema` (TRL's chat() turns tools into schemas; not used here)."""
+    utils = types.ModuleType("transformers.utils")
+    utils.get_json_schema = lambda function: {}  # type: ignore[attr-defined]
+    return {"transformers": _package("transformers", Path("/nonexistent")), "transformers.utils": utils}
+
+
+class NcclSide:
+    """vLLM's trainer-side NCCL helpers TRL imports (`trainer_init`, `packed_nccl_broadcast_producer`):
+    the tensor path that never crosses the proxy. Records what the trainer would have broadcast."""
+
+    def __init__(self) -> None:
+        self.groups: list[dict[str, Any]] = []
+        self.broadcast: list[str] = []
+
+    def trainer_init(self, init_info: dict[str, Any]) -> Any:
+        self.groups.append(dict(init_info))
+        return types.SimpleNamespace(group=types.SimpleNamespace(store=object(), socket=object()))
+
+    def packed_nccl_broadcast_producer(
+        self, iterator: Any, group: Any, src: int, post_iter_func: Callable[[Any], Any]
+    ) -> None:
+        self.broadcast.extend(name for name, _tensor in iterator)
+
+    def modules(self) -> dict[str, types.ModuleType]:
+        network = types.ModuleType("vllm.utils.network_utils")
+        network.get_ip = lambda: "127.0.0.1"  # type: ignore[attr-defined]
+        common = types.ModuleType("vllm.distributed.weight_transfer.nccl_common")
+        common.trainer_init = self.trainer_init  # type: ignore[attr-defined]
+        packed = types.ModuleType("vllm.distributed.weight_transfer.packed_tensor")
+        packed.packed_nccl_broadcast_producer = self.packed_nccl_broadcast_producer  # type: ignore[attr-defined]
+        nowhere = Path("/nonexistent")
+        return {
+            "vllm": _package("vllm", nowhere),
+            "vllm.utils": _package("vllm.utils", nowhere),
+            "vllm.utils.network_utils": network,
+            "vllm.distributed": _package("vllm.distributed", nowhere),
+            "vllm.distributed.weight_transfer": _package("vllm.distributed.weight_transfer", nowhere),
+            "vllm.distributed.weight_transfer.nccl_common": common,
+            "vllm.distributed.weight_transfer.packed_tensor": packed,
+        }
+
+
+def definitions(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Compile the top-level classes and functions `names` of the module at `path`, as written, into
+    `namespace` (which supplies what they use). Annotations stay unevaluated strings."""
+    tree = ast.parse(path.read_text(), str(path))
+    chosen = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names
+    ]
+    missing = names - {node.name for node in chosen}
+    assert not missing, f"{path} no longer defines {sorted(missing)}"
+    code = compile(
+        ast.Module(body=chosen, type_ignores=[]), str(path), "exec", flags=__future__.annotations.compiler_flag
+    )
+    exec(code, namespace)  # noqa: S102 - the trainer's own source, read from its installed package
+    return namespace

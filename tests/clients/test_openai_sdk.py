@@ -1,0 +1,108 @@
+"""The openai SDK (the dev environment's `openai`, as eval harnesses and agent loops use it) through the
+proxy: completions and chat, streamed and not; a request held across a sleep; the proxy's own errors
+as the SDK reports them (status and message); and its retries waiting out the proxy's `Retry-After`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import openai
+import pytest
+
+from clients.conftest import MODEL, Stack
+
+
+def sdk(stack: Stack, max_retries: int = 0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=max_retries, timeout=30)
+
+
+async def test_completions_and_chat_streamed_and_not(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack()
+    async with sdk(stack) as client:
+        completion = await client.completions.create(model=MODEL, prompt="Count:", max_tokens=5)
+        assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 5
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True
+        )
+        assert chat.choices[0].message.content and len(chat.choices[0].logprobs.content) == 5
+        stream = await client.completions.create(model=MODEL, prompt="Count:", max_tokens=5, stream=True)
+        assert "".join([chunk.choices[0].text async for chunk in stream if chunk.choices]) == completion.choices[0].text
+        chat_stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+        )
+        deltas = [chunk.choices[0].delta.content or "" async for chunk in chat_stream if chunk.choices]
+        assert "".join(deltas) == chat.choices[0].message.content
+    await stack.assert_clean()
+
+
+async def test_a_request_during_sleep_is_answered_after_the_wake(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack()
+    async with sdk(stack) as client:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{stack.url}/sleep?level=1") as response:
+                assert response.status == 200
+            held = asyncio.ensure_future(client.completions.create(model=MODEL, prompt="Count:", max_tokens=4))
+            await stack.wait_for(lambda s: s["held_requests"] == 1, "the SDK request to be held")
+            async with session.post(f"{stack.url}/wake_up") as response:
+                assert response.status == 200
+        completion = await asyncio.wait_for(held, timeout=10)
+    assert completion.choices[0].finish_reason == "length"
+    await stack.assert_clean()
+
+
+async def test_a_hold_timeout_is_a_503_with_the_proxys_message(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack(hold_timeout_s=0.5)
+    async with aiohttp.ClientSession() as session, session.post(f"{stack.url}/sleep?level=1") as response:
+        assert response.status == 200
+    async with sdk(stack) as client:
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.completions.create(model=MODEL, prompt="Count:", max_tokens=4)
+    assert raised.value.status_code == 503
+    assert "not ready" in raised.value.message and raised.value.body["reason"] == "hold_timeout"
+    assert stack.engine.state_dict()["violations"] == []
+
+
+async def test_a_failed_engine_is_a_503_naming_it(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack(sim={"faults": ("wake_up:lie-memory",)}, verify_timeout_s=1.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{stack.url}/sleep?level=1") as response:
+            assert response.status == 200
+        async with session.post(f"{stack.url}/wake_up") as response:
+            assert response.status == 503  # the wake's 200 was a lie: the memory never came back
+    await stack.wait_for(lambda s: s["state"] == "FAILED", "FAILED")
+    async with sdk(stack) as client:
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.status_code == 503
+    assert "FAILED" in raised.value.message or "failed" in raised.value.message.lower()
+    assert stack.engine.state_dict()["violations"] == []
+
+
+async def test_the_sdks_retry_waits_out_retry_after(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    stack = await make_stack(hold_timeout_s=0.3)
+    async with aiohttp.ClientSession() as session, session.post(f"{stack.url}/sleep?level=1") as response:
+        assert response.status == 200
+    arrivals: list[float] = []
+    calls_before = len(stack.calls)
+
+    async def watch() -> None:
+        while True:
+            new = [c for c in stack.calls[calls_before:] if c.startswith("POST /v1/completions")]
+            while len(arrivals) < len(new):
+                arrivals.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async with sdk(stack, max_retries=1) as client:
+            with pytest.raises(openai.APIStatusError) as raised:
+                await client.completions.create(model=MODEL, prompt="Count:", max_tokens=4)
+    finally:
+        watcher.cancel()
+    retry_after = float(raised.value.response.headers["Retry-After"])
+    assert len(arrivals) == 2, "one attempt and one retry"
+    assert arrivals[1] - arrivals[0] >= 0.3 + retry_after * 0.9, "the SDK retried before Retry-After"
