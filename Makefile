@@ -13,15 +13,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-run: setup  ## the proxy in front of the embedded simulator (or LIFEGUARD_UPSTREAM)
-	$(BIN)/vllm-lifeguard serve
+run: setup  ## the proxy in front of the embedded simulator, chosen explicitly
+	$(BIN)/vllm-lifeguard serve --upstream sim
 
 sim: setup  ## the simulator alone on :8000
 	$(BIN)/vllm-lifeguard sim --port 8000
 
 lint: setup
-	$(BIN)/ruff check proxy tests
-	$(BIN)/ruff format --check proxy tests
+	$(BIN)/ruff check proxy lifeguard_sim tests
+	$(BIN)/ruff format --check proxy lifeguard_sim tests
 	$(BIN)/mypy
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests

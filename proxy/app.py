@@ -53,8 +53,8 @@ def create_app(
     gpu: GpuMemoryReader | None = None,
 ) -> web.Application:
     """The proxy as an aiohttp application; `settings.upstream` must be set."""
-    if settings.upstream is None:
-        raise ValueError("create_app needs settings.upstream (the CLI starts the simulator when it is unset)")
+    if settings.upstream is None or not settings.upstream.startswith(("http://", "https://")):
+        raise ValueError("create_app needs settings.upstream as an http(s) URL (the CLI starts the simulator)")
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     metrics = Metrics(
         registry if registry is not None else CollectorRegistry(),

@@ -1,7 +1,8 @@
 """`vllm-lifeguard serve` (the proxy) and `vllm-lifeguard sim` (the simulator).
 
-`serve` with no upstream starts the embedded simulator on a free loopback port and guards it, so
-`make run` shows the whole product on a machine without vLLM.
+`serve` needs an upstream. `--upstream sim` starts the embedded simulator (lifeguard_sim) on a free
+loopback port and guards it, so `make run` shows the whole product on a machine without vLLM; a sidecar
+whose upstream was forgotten exits 2 instead of reporting ready in front of a fake engine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .app import create_app
-from .config import Settings, load_settings
+from .config import SIMULATOR, Settings, load_settings
 from .logs import configure_logging
 
 log = logging.getLogger("lifeguard")
@@ -29,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the guarding proxy in front of vLLM")
     serve.add_argument("--config", help="YAML settings file (see config/lifeguard.yaml); env LIFEGUARD_CONFIG")
-    serve.add_argument("--upstream", help="vLLM base URL, e.g. http://127.0.0.1:8000 (unset: embedded simulator)")
+    serve.add_argument(
+        "--upstream", help=f"vLLM base URL, e.g. http://127.0.0.1:8000; {SIMULATOR!r}: the embedded simulator"
+    )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
     serve.add_argument("--gpu-probe", help="nvml | file:PATH | none (default nvml)")
@@ -46,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["sim"]:
-        from .sim.cli import main as sim_main
+        from lifeguard_sim.cli import main as sim_main
 
         return sim_main(args_list[1:])
     args = build_parser().parse_args(args_list)
@@ -67,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"vllm-lifeguard: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    if settings.upstream is None:
+        print(
+            "vllm-lifeguard: no upstream to guard: set --upstream http://HOST:PORT (env LIFEGUARD_UPSTREAM, or "
+            f"upstream: in --config), or --upstream {SIMULATOR} for the embedded simulator",
+            file=sys.stderr,
+        )
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     # transitions logs every callback at INFO; aiohttp's access log doubles every line we log ourselves.
     logging.getLogger("transitions").setLevel(logging.WARNING)
@@ -83,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then shut down gracefully (held requests 503, streams get a grace period)."""
     runners: list[web.AppRunner] = []
-    if settings.upstream is None:
-        from .sim.app import SimSettings, create_sim_app
+    if settings.upstream == SIMULATOR:
+        from lifeguard_sim.app import SimSettings, create_sim_app
 
         sim_runner = web.AppRunner(create_sim_app(SimSettings()), handle_signals=False)
         await sim_runner.setup()
@@ -93,7 +103,7 @@ async def serve(settings: Settings) -> None:
         runners.append(sim_runner)
         port = sim_runner.addresses[0][1]
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
-        log.info("no upstream given: started the embedded vLLM simulator at %s", settings.upstream)
+        log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
     runner = web.AppRunner(
         create_app(settings),
         handle_signals=False,

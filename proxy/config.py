@@ -22,6 +22,8 @@ from pydantic_settings import (
 
 OnSleeping = Literal["hold", "reject", "wake"]
 RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
+#: The `upstream` that guards the embedded simulator (lifeguard_sim) instead of a vLLM: only when asked for.
+SIMULATOR = "sim"
 
 
 class Settings(BaseSettings):
@@ -31,7 +33,8 @@ class Settings(BaseSettings):
 
     # --- where we listen and what we guard
     upstream: str | None = Field(
-        default=None, description="vLLM base URL; unset starts the embedded simulator as upstream"
+        default=None,
+        description=f"vLLM base URL, or {SIMULATOR!r} for the embedded simulator (never chosen by default)",
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -109,8 +112,10 @@ class Settings(BaseSettings):
     def _upstream_is_http_url(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
+        if value == SIMULATOR:
+            return value
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https:// (got {value!r})")
+            raise ValueError(f"must start with http:// or https://, or be {SIMULATOR!r} (got {value!r})")
         return value.rstrip("/")
 
     @property

@@ -32,8 +32,9 @@ def _all_tasks() -> tuple[str, ...]:
 
 def main() -> int:
     parser = make_arg_parser(FlexibleArgumentParser())
+    profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": "/nonexistent-lifeguard-profile"})
     args = parser.parse_args(
-        ["--enable-fault-tolerance", "--enable-tokenizer-info-endpoint", "--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/nonexistent-lifeguard-profile"}']
+        ["--enable-fault-tolerance", "--enable-tokenizer-info-endpoint", "--profiler-config", profiler]
     )
     app = build_app(args, supported_tasks=_all_tasks())  # type: ignore[arg-type]
     for route in app.routes:

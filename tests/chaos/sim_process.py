@@ -27,10 +27,10 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim.app import SIM_ENGINE, create_sim_app
-from proxy.sim.cli import build_parser, settings_from
-from proxy.sim.engine import Engine
-from proxy.sim.faults import OPS, Fired
+from lifeguard_sim.app import SIM_ENGINE, create_sim_app
+from lifeguard_sim.cli import build_parser, settings_from
+from lifeguard_sim.engine import Engine
+from lifeguard_sim.faults import OPS, Fired
 
 LIFECYCLE_METHODS = tuple(op for op in OPS if op != "generate")
 

@@ -15,10 +15,10 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
 
 
 async def _stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,

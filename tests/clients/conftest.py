@@ -20,10 +20,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
 
 MODEL = "tiny"
 HOLD_TIMEOUT_S = 4.0

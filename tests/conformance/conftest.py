@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from conformance.api import VllmApi
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 
 REAL_ENGINE_URL = os.environ.get("CONFORMANCE_ENGINE_URL")
 MODEL = os.environ.get("CONFORMANCE_MODEL", "tiny")

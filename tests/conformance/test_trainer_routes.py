@@ -97,7 +97,7 @@ async def test_generate_without_sampling_params_is_a_400(vllm: VllmApi) -> None:
 
 
 async def test_generate_is_a_404_without_scale_out(aiohttp_server: Any, session: Any, sim_only: None) -> None:
-    from proxy.sim.app import SimSettings, create_sim_app
+    from lifeguard_sim.app import SimSettings, create_sim_app
 
     server = await aiohttp_server(create_sim_app(SimSettings(model="tiny")))
     body = {"token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 2}}

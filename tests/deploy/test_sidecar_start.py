@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.sim.app import SimSettings, create_sim_app
 
 
 @pytest.fixture(autouse=True)

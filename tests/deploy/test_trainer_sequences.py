@@ -27,11 +27,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.routes import RouteKind, build_table
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
 
 GUIDES = Path(__file__).resolve().parents[2] / "docs" / "guides"
 HTTP_TRAINERS = ["skyrl", "trl", "prime-rl", "areal", "vime"]

@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
 
 FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
 

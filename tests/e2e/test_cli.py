@@ -45,12 +45,24 @@ async def test_a_bad_setting_stops_the_start_with_a_message_naming_it() -> None:
     assert b"upstream" in err and b"http://" in err
 
 
+async def test_serve_without_an_upstream_exits_2_naming_the_setting() -> None:
+    """Was: it silently started the simulator, so a sidecar whose LIFEGUARD_UPSTREAM was forgotten reported
+    ready in front of a fake engine."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LIFEGUARD_UPSTREAM", "LIFEGUARD_CONFIG")}
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN), "serve", "--port", str(free_port()), stderr=asyncio.subprocess.PIPE, env=env
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 2
+    assert b"LIFEGUARD_UPSTREAM" in err and b"--upstream sim" in err
+
+
 async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "LIFEGUARD_PORT": str(port), "LIFEGUARD_GPU_PROBE": "none"}
     log = (tmp_path / "log").open("wb")
-    proc = await asyncio.create_subprocess_exec(str(BIN), "serve", stdout=log, stderr=log, env=env)
+    proc = await asyncio.create_subprocess_exec(str(BIN), "serve", "--upstream", "sim", stdout=log, stderr=log, env=env)
     try:
         await wait_running(base, proc)
         async with aiohttp.ClientSession() as session:

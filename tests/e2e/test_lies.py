@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import ClientResponse, ClientTimeout
 
+from lifeguard_sim.app import SimSettings
 from proxy.app import COORDINATOR
-from proxy.sim.app import SimSettings
 
 from .conftest import FAST_SIM, Stack
 

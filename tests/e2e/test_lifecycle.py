@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from proxy.sim.app import SimSettings
+from lifeguard_sim.app import SimSettings
 
 SLOW_WAKE = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.4)
 SLOW_SLEEP = SimSettings(token_seconds=0.002, sleep_seconds=0.5, wake_seconds=0.01)

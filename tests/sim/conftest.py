@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from conformance.api import VllmApi
 
-from proxy.sim.app import SIM_ENGINE, SimSettings, create_sim_app
-from proxy.sim.engine import Engine
+from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+from lifeguard_sim.engine import Engine
 
 FAST = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01, watchdog_seconds=0.2)
 

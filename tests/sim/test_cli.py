@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.sim.cli import build_parser, main
-from proxy.sim.faults import KINDS, OPS
+from lifeguard_sim.cli import build_parser, main
+from lifeguard_sim.faults import KINDS, OPS
 
-LAUNCH = "import sys; from proxy.sim.cli import main; sys.exit(main(sys.argv[1:]))"
+LAUNCH = "import sys; from lifeguard_sim.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def test_help_documents_every_fault_kind_op_and_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,7 +50,7 @@ def test_a_bad_fault_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_flags_become_settings() -> None:
-    from proxy.sim.cli import settings_from
+    from lifeguard_sim.cli import settings_from
 
     args = build_parser().parse_args(["--fault", "sleep:hang", "--fault", "wake_up:crash@2", "--kv-gib", "8"])
     settings = settings_from(args)

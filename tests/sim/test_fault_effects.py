@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from conformance.api import eventually, still_pending
 
-from proxy.sim.errors import OOM_MESSAGE
+from lifeguard_sim.errors import OOM_MESSAGE
 from sim.conftest import Sim, SimFactory
 
 GIB = 1 << 30

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sim.faults import KINDS, OPS, FaultBook, FaultSpecError, parse_fault
+from lifeguard_sim.faults import KINDS, OPS, FaultBook, FaultSpecError, parse_fault
 
 
 def test_a_spec_without_suffix_fires_once() -> None:

@@ -26,6 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
+from lifeguard_sim import metrics as sim_metrics
+from lifeguard_sim.engine import Engine
+from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.settings import SimSettings
 from proxy.calls import LifecycleCall, parse_call
 from proxy.config import Settings
 from proxy.coordinator import LifecycleCoordinator, OpResult
@@ -36,10 +40,6 @@ from proxy.metrics import Metrics
 from proxy.probes import Verifier
 from proxy.routes import LIFECYCLE_PATHS
 from proxy.rules import Admission
-from proxy.sim import metrics as sim_metrics
-from proxy.sim.engine import Engine
-from proxy.sim.errors import EngineGone, EngineHTTPError
-from proxy.sim.settings import SimSettings
 from proxy.states import SETTLED, TRANSITIONS, State
 from proxy.upstream import Reply, VllmClient
 
@@ -289,7 +289,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.engine.set_faults([])
         if call.op == "sleep":
             # The simulator re-records vLLM's sleep-state gauge even when lie-asleep says nothing changes
-            # (proxy/sim/engine.py Engine.sleep); put it back, or the next reconcile adopts a sleep that never was.
+            # (lifeguard_sim/engine.py Engine.sleep); put it back, or the next reconcile adopts a sleep that never was.
             self.engine.sleep_metric = gauge
 
     @precondition(lambda self: self.engine.dead or bool(self.engine.wedged))

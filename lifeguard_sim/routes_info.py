@@ -8,12 +8,12 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim import errors, metrics
-from proxy.sim.faults import FaultSpecError
-from proxy.sim.keys import SIM_ENGINE
-from proxy.sim.responses import json_response
-from proxy.sim.routes_openai import chat_prompt
-from proxy.sim.textgen import VOCAB_SIZE, detokenize, piece, tokenize
+from lifeguard_sim import errors, metrics
+from lifeguard_sim.faults import FaultSpecError
+from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.responses import json_response
+from lifeguard_sim.routes_openai import chat_prompt
+from lifeguard_sim.textgen import VOCAB_SIZE, detokenize, piece, tokenize
 
 VLLM_VERSION = "0.32.0"
 

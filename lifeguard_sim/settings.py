@@ -35,5 +35,5 @@ class SimSettings:
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1.
     enable_lora: bool = False
     # Routes and worker-extension RPCs that trainers add with their own vLLM server wrapper
-    # (proxy/sim/trainer_servers.py): any of "skyrl", "areal".
+    # (lifeguard_sim/trainer_servers.py): any of "skyrl", "areal".
     trainer_servers: Sequence[str] = field(default_factory=tuple)

@@ -18,11 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim import errors, generation
-from proxy.sim.keys import SIM_ENGINE
-from proxy.sim.responses import json_response
-from proxy.sim.routes_openai import check_model
-from proxy.sim.textgen import VOCAB_SIZE, Token, TokenStream, piece_id
+from lifeguard_sim import errors, generation
+from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.responses import json_response
+from lifeguard_sim.routes_openai import check_model
+from lifeguard_sim.textgen import VOCAB_SIZE, Token, TokenStream, piece_id
 
 
 def _validated(raw: bytes) -> tuple[list[int], dict[str, Any], dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.sim.engine import Engine
+from lifeguard_sim.engine import Engine
 
 _BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _REASONS = ("stop", "length", "abort", "error", "repetition")

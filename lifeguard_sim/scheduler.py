@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from proxy.sim.errors import EngineGone
+from lifeguard_sim.errors import EngineGone
 
 # Parked requests also re-check this often, to notice a client that went away without a cancellation.
 _RECHECK_SECONDS = 0.05

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim import errors
-from proxy.sim.keys import SIM_ENGINE
+from lifeguard_sim import errors
+from lifeguard_sim.keys import SIM_ENGINE
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

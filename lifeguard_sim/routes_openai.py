@@ -16,13 +16,13 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim import errors, generation
-from proxy.sim.engine import Engine
-from proxy.sim.errors import EngineHTTPError
-from proxy.sim.keys import SIM_ENGINE
-from proxy.sim.responses import dumps, json_response
-from proxy.sim.scheduler import SimRequest
-from proxy.sim.textgen import Token, TokenStream, piece_id, tokenize
+from lifeguard_sim import errors, generation
+from lifeguard_sim.engine import Engine
+from lifeguard_sim.errors import EngineHTTPError
+from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.responses import dumps, json_response
+from lifeguard_sim.scheduler import SimRequest
+from lifeguard_sim.textgen import Token, TokenStream, piece_id, tokenize
 
 
 @dataclass(frozen=True)

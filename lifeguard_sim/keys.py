@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.sim.engine import Engine
+from lifeguard_sim.engine import Engine
 
 
 class LiveRequests:

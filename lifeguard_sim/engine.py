@@ -22,12 +22,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.sim import errors
-from proxy.sim.errors import EngineGone, EngineHTTPError
-from proxy.sim.faults import FaultBook, Fired
-from proxy.sim.memory import MEMORY_TAGS, GpuMemory, write_gpu_file
-from proxy.sim.scheduler import PauseState, Scheduler
-from proxy.sim.settings import SimSettings
+from lifeguard_sim import errors
+from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.faults import FaultBook, Fired
+from lifeguard_sim.memory import MEMORY_TAGS, GpuMemory, write_gpu_file
+from lifeguard_sim.scheduler import PauseState, Scheduler
+from lifeguard_sim.settings import SimSettings
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
 # The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/).

@@ -10,9 +10,9 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.sim import errors
-from proxy.sim.keys import SIM_ENGINE
-from proxy.sim.responses import json_response
+from lifeguard_sim import errors
+from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.responses import json_response
 
 _MODES = ("abort", "wait", "keep")
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy.sim import routes_generate, routes_info, routes_lifecycle, routes_lora, routes_openai, trainer_servers
-from proxy.sim.engine import Engine
-from proxy.sim.errors import EngineGone, EngineHTTPError
-from proxy.sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
-from proxy.sim.responses import json_response
-from proxy.sim.settings import SimSettings
+from lifeguard_sim import routes_generate, routes_info, routes_lifecycle, routes_lora, routes_openai, trainer_servers
+from lifeguard_sim.engine import Engine
+from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
+from lifeguard_sim.responses import json_response
+from lifeguard_sim.settings import SimSettings
 
 __all__ = ["SIM_ENGINE", "SimSettings", "create_sim_app"]
 

@@ -8,9 +8,9 @@ import sys
 
 from aiohttp import web
 
-from proxy.sim.app import create_sim_app
-from proxy.sim.faults import KINDS, OPS, FaultSpecError, parse_fault
-from proxy.sim.settings import SimSettings
+from lifeguard_sim.app import create_sim_app
+from lifeguard_sim.faults import KINDS, OPS, FaultSpecError, parse_fault
+from lifeguard_sim.settings import SimSettings
 
 _EPILOG = (
     "fault specs: OP:KIND[@N|@pP]  (once by default; @N = the next N calls; @pP = probability P per call,\n"

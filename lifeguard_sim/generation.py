@@ -12,12 +12,12 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 
-from proxy.sim import errors
-from proxy.sim.engine import Engine
-from proxy.sim.errors import EngineGone
-from proxy.sim.faults import Fired
-from proxy.sim.scheduler import SimRequest
-from proxy.sim.textgen import Quality, Token, TokenStream
+from lifeguard_sim import errors
+from lifeguard_sim.engine import Engine
+from lifeguard_sim.errors import EngineGone
+from lifeguard_sim.faults import Fired
+from lifeguard_sim.scheduler import SimRequest
+from lifeguard_sim.textgen import Quality, Token, TokenStream
 
 
 def new_request(
