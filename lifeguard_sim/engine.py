@@ -1,7 +1,7 @@
 """The engine model, with no HTTP: sleep tags, pause state, weights, faults, counters, violations.
 
-It follows vLLM 0.32 as measured (``vllm-on-cpu.md`` §1.4, §5) and as read in the source
-(``vllm-lifecycle-api.md`` §2-§5):
+It follows vLLM 0.32 as measured (docs/real-vllm.md, and the conformance suite run against a real vLLM)
+and as read in its source (``vllm/v1/engine/core.py``, ``vllm/entrypoints/serve/dev/``):
 
 * ``is_sleeping`` = the scheduler is paused OR the executor holds a sleeping tag, so it is also true
   after a plain ``/pause``.

@@ -4,7 +4,7 @@ Owns: the metric objects, their names, HELP texts, buckets and the closed sets o
 Does not own: deciding *when* something happened. Callers report events through intention-named
 methods (``state_changed``, ``hold_finished`` ...) and never touch a metric object directly.
 
-Rules kept here (prometheus naming practice, style.md §4a):
+Rules kept here (Prometheus's naming practices, prometheus.io/docs/practices/naming):
 * ``lifeguard_`` prefix, base units (seconds, bytes), ``_total`` on counters.
 * Every label takes its values from a small closed tuple exported below; every combination known
   in advance is created at start-up so a series reads 0 before its first event, not "no data".
@@ -77,7 +77,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
 )
 
 #: Which table row a request was classified under.
-ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough", "lifeguard")
+ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough")
 
 #: Verification checks run after a lifecycle 200, and their results.
 CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary")
@@ -330,10 +330,6 @@ class Metrics:
 
     # --- requests
 
-    def held_now(self, count: int) -> None:
-        """The number of requests currently held."""
-        self._held.set(count)
-
     def watch_counts(self, held: Callable[[], int], inflight: Callable[[], int]) -> None:
         """Read the held and in-flight counts when scraped, instead of a locked set on every request."""
         self._held.set_function(held)
@@ -346,10 +342,6 @@ class Metrics:
     def inference_finished(self, outcome: str) -> None:
         """An inference request ended (``outcome`` from INFERENCE_OUTCOMES)."""
         self._inference[outcome].inc()
-
-    def inflight_now(self, count: int) -> None:
-        """The number of requests forwarded to vLLM and not finished."""
-        self._inflight.set(count)
 
     def upstream_latency(self, seconds: float) -> None:
         """vLLM's response headers arrived ``seconds`` after the request was sent."""

@@ -2,7 +2,7 @@
 
 Triggers come in two kinds (mitmproxy's commands vs events):
 * `begin_*` are imperatives with strict sources: an operation may only start from the states listed;
-* `settle_*`, `fail` and `engine_lost` are facts: the coordinator adopts what it verified or observed,
+* `settle_*` and `fail` are facts: the coordinator adopts what it verified or observed,
   from whatever state it was in, because the engine's truth wins over our expectation.
 
 No callback here does I/O or awaits; a trigger is atomic on the event loop. The coordinator owns the
@@ -32,7 +32,6 @@ class State(enum.Enum):
 
 
 SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.FAILED})
-TRANSIENT = frozenset(State) - SETTLED
 
 _ANY = [s for s in State]
 _SETTLE_FROM = [s for s in State if s is not State.FAILED]
@@ -56,7 +55,6 @@ TRANSITIONS: list[dict[str, Any]] = [
     {"trigger": "fail", "source": _ANY, "dest": State.FAILED},
     # A failed engine is only trusted again once it has been seen healthy from scratch.
     {"trigger": "engine_back", "source": State.FAILED, "dest": State.STARTING},
-    {"trigger": "engine_lost", "source": _ANY, "dest": State.FAILED},
 ]
 
 

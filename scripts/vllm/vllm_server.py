@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SERVED_MODEL_NAME = "tiny"
 
-# Environment every start gets (vllm-on-cpu.md §1.1, §1.2).
+# Environment every start gets (docs/real-vllm.md).
 VLLM_ENV = {
     "VLLM_SERVER_DEV_MODE": "1",  # mounts /sleep, /wake_up, /pause, weight routes, /collective_rpc
     "VLLM_HOST_IP": "127.0.0.1",  # keeps vLLM's internal ZMQ sockets on loopback

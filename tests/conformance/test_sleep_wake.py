@@ -108,7 +108,7 @@ async def test_sleep_state_metric_follows_the_level(
 
 async def test_partial_wake_keeps_the_sleep_level_in_the_metric(vllm: VllmApi) -> None:
     # Measured on vLLM 0.32.0: the gauge flips to awake only when every tag is awake (older vLLM
-    # recorded awake on any wake call, which is what vllm-lifecycle-api.md describes).
+    # recorded awake on any wake call).
     await vllm.sleep(1)
     await vllm.wake("weights")
     assert await vllm.is_sleeping()

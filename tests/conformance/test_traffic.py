@@ -1,4 +1,4 @@
-"""What happens to requests per state: held, aborted, frozen, drained (vllm-on-cpu.md §1.4 B-H)."""
+"""What happens to requests per state: held, aborted, frozen, drained (measured on vLLM 0.32: docs/real-vllm.md)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ async def test_pause_in_keep_mode_freezes_the_stream_until_resume(vllm: VllmApi)
 
 
 async def test_resume_while_asleep_serves_the_held_request(vllm: VllmApi) -> None:
-    """vLLM's hazard (vllm-on-cpu.md §5): /resume un-pauses even though the engine still sleeps."""
+    """vLLM's hazard (EngineCore.resume_scheduler checks no sleep): /resume un-pauses a sleeping engine."""
     await vllm.sleep(1)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
     await _engine_holds_one(vllm)

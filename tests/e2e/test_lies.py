@@ -1,4 +1,4 @@
-"""The "200 lies" catalogue (vllm-lifecycle-api.md §5, items 1-11): each one is caught before the client
+"""The "200 lies" catalogue (docs/verification.md, items 1-11): each one is caught before the client
 sees a 200, inference is never released onto a broken engine, and the proxy ends in the true state.
 
 Every test drives the in-process simulator's faults through the proxy and checks three things: what

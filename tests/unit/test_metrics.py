@@ -146,14 +146,13 @@ def test_each_method_moves_its_own_series(metrics: Metrics, registry: CollectorR
     assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_sum", operation="wake_up") == 42.0
     assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="30.0") == 0
     assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_bucket", operation="wake_up", le="60.0") == 1
-    metrics.held_now(7)
+    metrics.watch_counts(lambda: 7, lambda: 3)
     assert value(registry, "lifeguard_held_requests") == 7
+    assert value(registry, "lifeguard_inflight_requests") == 3
     metrics.hold_finished("hold_timeout", 300.0)
     assert value(registry, "lifeguard_hold_duration_seconds_count", outcome="hold_timeout") == 1
     metrics.inference_finished("stream_broken")
     assert value(registry, "lifeguard_inference_requests_total", outcome="stream_broken") == 1
-    metrics.inflight_now(3)
-    assert value(registry, "lifeguard_inflight_requests") == 3
     metrics.upstream_latency(0.02)
     assert value(registry, "lifeguard_upstream_response_latency_seconds_count") == 1
     metrics.request_duration("lifecycle", 1.5)

@@ -1,5 +1,5 @@
 """Pause and resume through the proxy: vLLM's own test_pause_resume.py, replayed step by step
-(tests/entrypoints/serve/dev/rlhf/state_transitions/test_pause_resume.py, vllm-lifecycle-api.md §6.2)."""
+(tests/entrypoints/serve/dev/rlhf/state_transitions/test_pause_resume.py in vLLM's repository)"""
 
 from __future__ import annotations
 
