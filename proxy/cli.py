@@ -12,13 +12,14 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import get_args
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from . import __version__
 from .app import create_app
-from .config import SIMULATOR, Settings, load_settings
+from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
 from .logs import configure_logging
 
 log = logging.getLogger("lifeguard")
@@ -36,11 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
     serve.add_argument("--gpu-probe", help="nvml | file:PATH | none (default nvml)")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", choices=["text", "json"])
-    serve.add_argument(
-        "--on-sleeping", choices=["hold", "reject", "wake"], help="what a request to a sleeping engine gets"
-    )
+    serve.add_argument("--log-level", choices=get_args(LogLevel))
+    serve.add_argument("--log-format", choices=get_args(LogFormat))
+    serve.add_argument("--on-sleeping", choices=get_args(OnSleeping), help="what a request to a sleeping engine gets")
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
     return parser

@@ -21,6 +21,8 @@ from pydantic_settings import (
 )
 
 OnSleeping = Literal["hold", "reject", "wake"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
 #: The `upstream` that guards the embedded simulator (lifeguard_sim) instead of a vLLM: only when asked for.
 SIMULATOR = "sim"
@@ -38,8 +40,8 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
 
     # --- the data plane
     connect_timeout_s: float = Field(default=5.0, gt=0)

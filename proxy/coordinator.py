@@ -28,12 +28,13 @@ from .errors import LifecycleBusy, LifeguardError, UpstreamError, UpstreamReject
 from .gate import RequestGate
 from .gpu import GpuReading
 from .metrics import Metrics
-from .probes import Expectation, Verdict, Verifier
+from .observation import Observation
+from .probes import Expectation, MemoryChange, Verdict, Verifier
 from .record import EngineRecord
-from .rules import Noop, Record, Refuse, admission, control_refusal, judge, wake_targets
+from .rules import Defer, Noop, Refuse, admission, control_refusal, judge, wake_targets
 from .states import State
 from .tasks import spawn
-from .upstream import Observation, Reply, VllmClient
+from .upstream import Reply, VllmClient
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
 log = logging.getLogger("lifeguard.lifecycle")
@@ -191,7 +192,7 @@ class LifecycleCoordinator:
             raise decision.error
         if isinstance(decision, Noop):
             return _json_result(decision.body, "noop", **{"X-Lifeguard-Noop": "true"})
-        if isinstance(decision, Record):
+        if isinstance(decision, Defer):
             self.record.user_pause = call.mode or "abort"
             return _json_result(decision.body, "ok", **{"X-Lifeguard-Deferred": "pause applied on wake"})
         if call.op in WEIGHT_OPERATIONS:
@@ -241,7 +242,7 @@ class LifecycleCoordinator:
             drained = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             headers["X-Lifeguard-Drained"] = "complete" if drained else f"timeout; {self._gate.inflight} aborted"
         reply = await self._calls.post(call, "/sleep", hint=prev)
-        expect = Expectation(sleeping=True, paused=True, memory="freed" if level >= 1 else None)
+        expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
         failed = verdict.failed
         if failed is not None and not (
@@ -273,7 +274,7 @@ class LifecycleCoordinator:
         reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
         memory = None
         if view.sleep_level != 0:
-            memory = "restored" if full else "part_restored"
+            memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
         canary = full and self.record.weights_stale != "discarded"
         verdict = await self._verifier.verify(
             Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
@@ -310,7 +311,7 @@ class LifecycleCoordinator:
         self.record.fire("begin_sleep")
         reply = await self._calls.post(call, "/release_kv_cache_memory", hint=State.PAUSED)
         verdict = await self._verifier.verify(
-            Expectation(sleeping=True, paused=True, memory="part_freed"), memory_before=before
+            Expectation(sleeping=True, paused=True, memory=MemoryChange.PART_FREED), memory_before=before
         )
         failed = verdict.failed
         if failed is not None and failed.name != "memory":

@@ -2,7 +2,8 @@
 
 `handlers.render_error` is the one place that turns these into responses; nothing here knows HTTP
 libraries. Messages are for people; `reason` is the stable machine-readable code (also sent as the
-`X-Lifeguard-Reason` header and used as a metric label, so the set is closed).
+`X-Lifeguard-Reason` header and used as a metric label). It is a class attribute only, one class per
+reason, so the set is closed: `REASONS` lists it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ class LifeguardError(Exception):
         *,
         param: str | None = None,
         retry_after: float | None = None,
-        reason: str | None = None,
         close_connection: bool | None = None,
     ) -> None:
         super().__init__(message)
@@ -34,8 +34,6 @@ class LifeguardError(Exception):
             self.close_connection = close_connection
         if retry_after is not None:
             self.retry_after = retry_after
-        if reason is not None:
-            self.reason = reason
 
 
 class BadParameter(LifeguardError):
@@ -90,6 +88,38 @@ class InvalidTransition(LifeguardError):
     reason = "invalid_transition"
     error_type = "ConflictError"
     retry_after = None
+
+
+class WeightUpdateInProgress(InvalidTransition):
+    reason = "weight_update_in_progress"
+
+
+class AlreadyAsleep(InvalidTransition):
+    reason = "already_asleep"
+
+
+class EngineAsleep(InvalidTransition):
+    reason = "engine_asleep"
+
+
+class NotPaused(InvalidTransition):
+    reason = "not_paused"
+
+
+class WeightUpdateActive(InvalidTransition):
+    reason = "weight_update_active"
+
+
+class WeightsAsleep(InvalidTransition):
+    reason = "weights_asleep"
+
+
+class NoWeightUpdateSession(InvalidTransition):
+    reason = "no_weight_update_session"
+
+
+class WeightUpdateSessionLost(InvalidTransition):
+    reason = "weight_update_session_lost"
 
 
 class LifecycleBusy(LifeguardError):
@@ -167,3 +197,14 @@ class VerificationFailed(LifeguardError):
     def __init__(self, message: str, *, check: str) -> None:
         super().__init__(message)
         self.check = check
+
+
+def _reasons(cls: type[LifeguardError]) -> set[str]:
+    found = {cls.reason}
+    for sub in cls.__subclasses__():
+        found |= _reasons(sub)
+    return found
+
+
+#: Every reason the proxy can answer with (X-Lifeguard-Reason), besides vLLM's own relayed refusals.
+REASONS: frozenset[str] = frozenset(_reasons(LifeguardError))

@@ -98,7 +98,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
-        return render_error(LifeguardError("the proxy hit an unexpected error; see its log", reason="proxy_error"))
+        return render_error(LifeguardError("the proxy hit an unexpected error; see its log"))
 
 
 async def state(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ The verifier reports; the coordinator decides what state that means.
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 import time
 from collections.abc import Callable
@@ -23,23 +24,46 @@ from typing import Any
 from .config import Settings
 from .errors import UpstreamError
 from .gpu import GpuMemoryReader, GpuReading
-from .upstream import Observation, VllmClient
+from .observation import Observation
+from .upstream import VllmClient
+
+
+class CheckName(enum.StrEnum):
+    HEALTH = "health"
+    FLAGS = "flags"
+    MEMORY = "memory"
+    CANARY = "canary"
+
+
+class CheckResult(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    UNAVAILABLE = "unavailable"
+
+
+class MemoryChange(enum.StrEnum):
+    """How the GPUs' used memory must move after an operation, relative to the awake footprint."""
+
+    FREED = "freed"  # a level-1/2 sleep
+    PART_FREED = "part_freed"  # /release_kv_cache_memory
+    RESTORED = "restored"  # a full wake
+    PART_RESTORED = "part_restored"  # a partial wake
 
 
 @dataclass(frozen=True)
 class Expectation:
-    """The state an operation promises. `memory`: "freed", "part_freed", "restored", "part_restored" or None."""
+    """The state an operation promises."""
 
     sleeping: bool
     paused: bool | None = None
-    memory: str | None = None
+    memory: MemoryChange | None = None
     canary: bool = False
 
 
 @dataclass(frozen=True)
 class Check:
-    name: str
-    result: str  # pass | fail | unavailable
+    name: CheckName
+    result: CheckResult
     detail: str
     value: Any = None
 
@@ -54,7 +78,7 @@ class Verdict:
 
     @property
     def failed(self) -> Check | None:
-        return next((c for c in self.checks if c.result == "fail"), None)
+        return next((c for c in self.checks if c.result is CheckResult.FAIL), None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,7 +126,7 @@ class Verifier:
         started = time.monotonic()
         verdict = Verdict()
         flags = await self._check_flags(expect, verdict)
-        if flags.result == "pass" and expect.memory is not None:
+        if flags.result is CheckResult.PASS and expect.memory is not None:
             self._add(verdict, await self._check_memory(expect.memory, memory_before, verdict))
         if verdict.failed is None and expect.canary and self._settings.canary_enabled:
             self._add(verdict, await self._check_canary())
@@ -119,19 +143,19 @@ class Verifier:
         """Whether `reading` shows a level-1/2 sleep's memory gone; None when we cannot tell."""
         if not reading.available or not self.awake_footprint:
             return None
-        return self._memory_problem("freed", reading, None) is None
+        return self._memory_problem(MemoryChange.FREED, reading, None) is None
 
     async def recheck(self, failure: str, reading: GpuReading, *, canary: bool) -> Check:
         """One quick look, without polling, at an awake engine that failed verification ("garbage" or
         "memory"): the first failing check, or the last passing one. A canary that timed out under load
         or a reader that lagged must not hold the engine FAILED until someone restarts it."""
         if failure == "memory":
-            problem = self._memory_problem("restored", reading, None) if reading.available else "unavailable"
+            problem = self._memory_problem(MemoryChange.RESTORED, reading, None) if reading.available else "unavailable"
             if problem is not None:
-                return Check("memory", "fail", problem)
+                return Check(CheckName.MEMORY, CheckResult.FAIL, problem)
         if self._settings.canary_enabled and (canary or failure == "garbage"):
             return await self._check_canary()
-        return Check("memory", "pass", "restored")
+        return Check(CheckName.MEMORY, CheckResult.PASS, "restored")
 
     def forget_golden(self) -> None:
         """New weights legitimately change the answer: the next passing canary becomes the golden one."""
@@ -152,43 +176,49 @@ class Verifier:
             if problem is None or time.monotonic() >= deadline or gone:
                 break
             await asyncio.sleep(self._settings.verify_poll_interval_s)
-        health = Check("health", "pass" if obs.healthy else "fail", "healthy" if obs.healthy else _dead(obs))
+        health = Check(
+            CheckName.HEALTH,
+            CheckResult.PASS if obs.healthy else CheckResult.FAIL,
+            "healthy" if obs.healthy else _dead(obs),
+        )
         self._add(verdict, health)
         if not obs.healthy:
             return health
         flags = Check(
-            "flags",
-            "pass" if problem is None else "fail",
+            CheckName.FLAGS,
+            CheckResult.PASS if problem is None else CheckResult.FAIL,
             problem or "flags agree",
             {"is_sleeping": obs.sleeping, "is_paused": obs.paused},
         )
         self._add(verdict, flags)
         return flags
 
-    async def _check_memory(self, kind: str, before: GpuReading | None, verdict: Verdict) -> Check:
+    async def _check_memory(self, kind: MemoryChange, before: GpuReading | None, verdict: Verdict) -> Check:
         deadline = time.monotonic() + self._settings.verify_timeout_s
         while True:
             reading = await self.read_memory()
             verdict.memory = reading
             if not reading.available:
-                return Check("memory", "unavailable", reading.unavailable or "unavailable")
+                return Check(CheckName.MEMORY, CheckResult.UNAVAILABLE, reading.unavailable or "unavailable")
             problem = self._memory_problem(kind, reading, before)
             if problem is None:
-                return Check("memory", "pass", f"{kind}: used {_gib(reading.used_bytes)}", reading.used_bytes)
+                return Check(
+                    CheckName.MEMORY, CheckResult.PASS, f"{kind}: used {_gib(reading.used_bytes)}", reading.used_bytes
+                )
             if problem.startswith("unknown") or time.monotonic() >= deadline:
-                result = "unavailable" if problem.startswith("unknown") else "fail"
-                return Check("memory", result, problem, reading.used_bytes)
+                result = CheckResult.UNAVAILABLE if problem.startswith("unknown") else CheckResult.FAIL
+                return Check(CheckName.MEMORY, result, problem, reading.used_bytes)
             await asyncio.sleep(self._settings.verify_poll_interval_s)
 
-    def _memory_problem(self, kind: str, now: GpuReading, before: GpuReading | None) -> str | None:
+    def _memory_problem(self, kind: MemoryChange, now: GpuReading, before: GpuReading | None) -> str | None:
         footprint = self.awake_footprint
-        if footprint is None and kind == "freed" and before is not None and before.available:
+        if footprint is None and kind is MemoryChange.FREED and before is not None and before.available:
             footprint = before.used_bytes
         if not footprint:
             return "unknown: no awake footprint recorded yet"
         used = now.used_bytes
         s = self._settings
-        if kind == "freed":
+        if kind is MemoryChange.FREED:
             freed = footprint - used
             if freed < s.sleep_min_freed_fraction * footprint:
                 return (
@@ -196,7 +226,7 @@ class Verifier:
                     f"at least {s.sleep_min_freed_fraction:.0%} expected (was vLLM started with --enable-sleep-mode?)"
                 )
             return None
-        if kind == "restored":
+        if kind is MemoryChange.RESTORED:
             if used < s.wake_min_restored_fraction * footprint:
                 return (
                     f"wake restored only {_gib(used)} of the awake {_gib(footprint)}; "
@@ -205,7 +235,7 @@ class Verifier:
             return None
         if before is None or not before.available:
             return "unknown: no memory reading from before the call"
-        if kind == "part_freed":
+        if kind is MemoryChange.PART_FREED:
             dropped = before.used_bytes - used
             if dropped < s.weights_wake_min_fraction * footprint:
                 return f"releasing the KV cache freed only {_gib(max(dropped, 0))}; nothing was released"
@@ -220,32 +250,37 @@ class Verifier:
         golden answer and pays no first-request warm-up (vLLM on CPU: ~2 s for the first logprobs)."""
         if self._settings.canary_enabled and self.golden is None:
             check = await self._check_canary()
-            if check.result != "pass":
+            if check.result is not CheckResult.PASS:
                 self.golden = None
 
     async def _check_canary(self) -> Check:
         try:
             answer = await self._canary()
         except (UpstreamError, ValueError, KeyError, TypeError, IndexError) as exc:
-            return Check("canary", "fail", f"canary completion failed: {exc}")
+            return Check(CheckName.CANARY, CheckResult.FAIL, f"canary completion failed: {exc}")
         if not math.isfinite(answer.logprob):
-            return Check("canary", "fail", f"non-finite logprob {answer.logprob} (garbage output)", answer.__dict__)
+            return Check(
+                CheckName.CANARY,
+                CheckResult.FAIL,
+                f"non-finite logprob {answer.logprob} (garbage output)",
+                answer.__dict__,
+            )
         if not answer.text.strip("!") and self.golden is None:
-            return Check("canary", "fail", f"degenerate token {answer.text!r}", answer.__dict__)
+            return Check(CheckName.CANARY, CheckResult.FAIL, f"degenerate token {answer.text!r}", answer.__dict__)
         golden = self.golden
         if golden is None:
             self.golden = answer
-            return Check("canary", "pass", "recorded as golden", answer.__dict__)
+            return Check(CheckName.CANARY, CheckResult.PASS, "recorded as golden", answer.__dict__)
         drift = abs(answer.logprob - golden.logprob)
         if answer.text != golden.text or drift > self._settings.canary_max_logprob_drift:
             return Check(
-                "canary",
-                "fail",
+                CheckName.CANARY,
+                CheckResult.FAIL,
                 f"answer {answer.text!r} ({answer.logprob:.3f}) drifted from "
                 f"golden {golden.text!r} ({golden.logprob:.3f})",
                 answer.__dict__,
             )
-        return Check("canary", "pass", f"matches golden (logprob drift {drift:.3f})", answer.__dict__)
+        return Check(CheckName.CANARY, CheckResult.PASS, f"matches golden (logprob drift {drift:.3f})", answer.__dict__)
 
     async def _canary(self) -> CanaryAnswer:
         key = self._settings.upstream_api_key

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .metrics import Metrics
+from .observation import Observation
 from .rules import EngineView, asleep_tags_for
 from .states import Lifecycle, State
-from .upstream import Observation
 
 log = logging.getLogger("lifeguard.lifecycle")
 

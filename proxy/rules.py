@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import LifecycleCall
-from .errors import EngineUnavailable, InvalidTransition, LifeguardError
+from .errors import (
+    AlreadyAsleep,
+    EngineAsleep,
+    EngineUnavailable,
+    LifeguardError,
+    NotPaused,
+    NoWeightUpdateSession,
+    WeightsAsleep,
+    WeightUpdateActive,
+    WeightUpdateInProgress,
+)
 from .states import State
 
 ALL_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
@@ -46,7 +56,7 @@ class Refuse:
 
 
 @dataclass(frozen=True)
-class Record:
+class Defer:
     """Accepted without calling vLLM: a `/pause` while asleep becomes the user pause, re-applied on wake."""
 
     body: dict[str, Any] = field(default_factory=lambda: {"status": "paused"})
@@ -57,7 +67,7 @@ class Run:
     pass
 
 
-Decision = Noop | Refuse | Record | Run
+Decision = Noop | Refuse | Defer | Run
 
 
 def asleep_tags_for(level: int) -> frozenset[str]:
@@ -81,9 +91,8 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
     op = call.op
     if op in ("sleep", "wake_up", "pause", "resume", "release_kv_cache_memory") and in_update:
         return Refuse(
-            InvalidTransition(
+            WeightUpdateInProgress(
                 f"a weight update session is open; call /finish_weight_update before /{op}",
-                reason="weight_update_in_progress",
             )
         )
     if op == "release_kv_cache_memory":
@@ -95,9 +104,8 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
             if view.sleep_level == call.level:
                 return Run() if view.sleep_unconfirmed else Noop({"status": "sleeping", "level": call.level})
             return Refuse(
-                InvalidTransition(
+                AlreadyAsleep(
                     f"the engine is asleep at level {view.sleep_level}; wake it before sleeping at level {call.level}",
-                    reason="already_asleep",
                 )
             )
         return Run()
@@ -110,24 +118,22 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
         if state is State.RUNNING:
             return Run()
         if state is State.SLEEPING:
-            return Record()
+            return Defer()
         return Noop({"status": "paused"})
     if op == "resume":
         if state is State.PAUSED:
             return Run()
         if state is State.SLEEPING:
             return Refuse(
-                InvalidTransition(
+                EngineAsleep(
                     "the engine is asleep; /resume would schedule on freed memory - call /wake_up",
-                    reason="engine_asleep",
                 )
             )
         return Noop({"status": "resumed"})
     if op == "start_weight_update" and view.weight_update_active:
         return Refuse(
-            InvalidTransition(
+            WeightUpdateActive(
                 "a weight update session is already open; call /finish_weight_update first",
-                reason="weight_update_active",
             )
         )
     touches_weights = op in ("start_weight_update", "update_weights") or (
@@ -135,16 +141,14 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
     )
     if touches_weights and "weights" in view.asleep_tags:
         return Refuse(
-            InvalidTransition(
+            WeightsAsleep(
                 "the weights are asleep; wake them (/wake_up?tags=weights) before updating them",
-                reason="weights_asleep",
             )
         )
     if op == "finish_weight_update" and not view.weight_update_active:
         return Refuse(
-            InvalidTransition(
+            NoWeightUpdateSession(
                 "no weight update session is open; call /start_weight_update first",
-                reason="no_weight_update_session",
             )
         )
     return Run()
@@ -158,14 +162,11 @@ def _judge_release(view: EngineView) -> Decision:
         return Noop({"status": "kv_cache_released"})
     if view.state is State.SLEEPING:
         return Refuse(
-            InvalidTransition(
+            AlreadyAsleep(
                 "the engine is asleep; /release_kv_cache_memory needs the weights and KV cache resident",
-                reason="already_asleep",
             )
         )
-    return Refuse(
-        InvalidTransition("/release_kv_cache_memory needs a completed pause: call /pause first", reason="not_paused")
-    )
+    return Refuse(NotPaused("/release_kv_cache_memory needs a completed pause: call /pause first"))
 
 
 def control_refusal(view: EngineView) -> LifeguardError | None:

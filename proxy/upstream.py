@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from .errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable
+from .observation import Observation, parse_sleep_state
 
 
 @dataclass(frozen=True)
@@ -42,43 +42,6 @@ class Reply:
             if err is not None:
                 return str(err)
         return self.body.decode(errors="replace")[:500]
-
-
-_SLEEP_STATE = re.compile(rb'^vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"[^}]*\} ([0-9.eE+-]+)', re.M)
-
-
-def parse_sleep_state(metrics_text: bytes) -> tuple[bool | None, int | None]:
-    """(awake, level) from vLLM's `vllm:engine_sleep_state` gauge; (None, None) when absent.
-
-    The gauge reads awake after any wake call, partial ones included, so `awake` only means "not
-    asleep by the last sleep/wake call vLLM recorded"."""
-    values = {name.decode(): float(value) for name, value in _SLEEP_STATE.findall(metrics_text)}
-    if not values:
-        return None, None
-    if values.get("awake", 0) >= 1:
-        return True, None
-    if values.get("discard_all", 0) >= 1:
-        return False, 2
-    if values.get("weights_offloaded", 0) >= 1:
-        return False, 1
-    return False, 0
-
-
-@dataclass(frozen=True)
-class Observation:
-    """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out; `timed_out`
-    tells the last apart: an API server short of CPU answers late, a dead one refuses or says 503."""
-
-    reachable: bool
-    timed_out: bool = False
-    healthy: bool = False
-    sleeping: bool | None = None
-    paused: bool | None = None
-    error: str | None = None
-    # From vllm:engine_sleep_state: the sleep level vLLM last recorded, 0 for awake... or None when
-    # unknown. It tells a sleep from a mere pause, which the two flags cannot (both are true in both).
-    metric_level: int | None = None
-    metric_awake: bool | None = None
 
 
 class VllmClient:
@@ -132,11 +95,7 @@ class VllmClient:
                 content_type=reply.content_type,
             )
         if not 200 <= reply.status < 300:
-            raise UpstreamBadStatus(
-                f"vLLM answered {path} with {reply.status}: {reply.message()}",
-                upstream_status=reply.status,
-                upstream_body=reply.body.decode(errors="replace")[:2000],
-            )
+            raise _bad_status(path, reply)
         return reply
 
     async def health(self) -> bool:
@@ -148,11 +107,7 @@ class VllmClient:
         if reply.status == 404:
             return None
         if reply.status != 200:
-            raise UpstreamBadStatus(
-                f"vLLM answered {path} with {reply.status}: {reply.message()}",
-                upstream_status=reply.status,
-                upstream_body=reply.body.decode(errors="replace")[:2000],
-            )
+            raise _bad_status(path, reply)
         value = (reply.json() or {}).get(name)
         return bool(value) if value is not None else None
 
@@ -185,3 +140,11 @@ class VllmClient:
         except (UpstreamUnreachable, UpstreamTimeout):
             return None, None
         return parse_sleep_state(reply.body) if reply.status == 200 else (None, None)
+
+
+def _bad_status(path: str, reply: Reply) -> UpstreamBadStatus:
+    return UpstreamBadStatus(
+        f"vLLM answered {path} with {reply.status}: {reply.message()}",
+        upstream_status=reply.status,
+        upstream_body=reply.body.decode(errors="replace")[:2000],
+    )

@@ -13,7 +13,7 @@ from typing import NoReturn
 from .calls import LifecycleCall
 from .config import Settings
 from .engine_calls import EngineCalls
-from .errors import InvalidTransition, UpstreamBadStatus
+from .errors import UpstreamBadStatus, WeightsAsleep, WeightUpdateSessionLost
 from .record import EngineRecord
 from .states import State
 from .upstream import Reply
@@ -46,7 +46,7 @@ class WeightUpdates:
     async def in_session(self, call: LifecycleCall, *, locked: bool = False) -> Reply:
         """`/update_weights` inside an open session; `locked`: whether we already hold the lock."""
         if "weights" in self._record.asleep_tags:
-            raise InvalidTransition("the weights are asleep; wake them before updating them", reason="weights_asleep")
+            raise WeightsAsleep("the weights are asleep; wake them before updating them")
         try:
             return await self._calls.send(call, "/update_weights")
         except UpstreamBadStatus as exc:
@@ -115,10 +115,9 @@ class WeightUpdates:
             hint = self._record.return_state
             self._record.restarted_unseen("vLLM lost the weight update session")
             await self._calls.adopt_observed(hint)
-        raise InvalidTransition(
+        raise WeightUpdateSessionLost(
             "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
             "closed its own and marked the weights stale: start a new session",
-            reason="weight_update_session_lost",
         ) from exc
 
 

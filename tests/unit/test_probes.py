@@ -14,8 +14,9 @@ import pytest
 from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.gpu import DeviceMemory, GpuReading
-from proxy.probes import Expectation, Verdict, Verifier
-from proxy.upstream import Observation, Reply, VllmClient
+from proxy.observation import Observation
+from proxy.probes import Expectation, MemoryChange, Verdict, Verifier
+from proxy.upstream import Reply, VllmClient
 
 GIB = 1 << 30
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
@@ -162,7 +163,7 @@ async def test_sleep_that_freed_enough_of_the_awake_footprint_passes() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(24)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, paused=True, memory="freed"), memory_before=used(50))
+    verdict = await v.verify(Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED), memory_before=used(50))
 
     assert results(verdict)["memory"] == "pass"
     assert verdict.checks[-1].value == 24 * GIB and verdict.memory == used(24)
@@ -172,7 +173,7 @@ async def test_sleep_that_freed_exactly_the_minimum_fraction_passes() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(25)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=None)
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=None)
 
     assert results(verdict)["memory"] == "pass"
 
@@ -181,7 +182,7 @@ async def test_sleep_that_freed_too_little_fails_and_names_sleep_mode() -> None:
     v, _, gpu = verifier(FakeClient([ASLEEP]), [used(30)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=used(50))
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=used(50))
 
     failed = verdict.failed
     assert failed is not None and failed.name == "memory"
@@ -194,7 +195,7 @@ async def test_memory_freed_late_passes_within_the_deadline() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(50), used(50), used(4)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=used(50))
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=used(50))
 
     assert results(verdict)["memory"] == "pass"
 
@@ -202,7 +203,7 @@ async def test_memory_freed_late_passes_within_the_deadline() -> None:
 async def test_sleep_without_a_recorded_footprint_uses_the_reading_before() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(49)])
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=used(50))
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=used(50))
 
     assert verdict.failed is not None and "of the awake 50.00 GiB" in verdict.failed.detail
 
@@ -210,7 +211,7 @@ async def test_sleep_without_a_recorded_footprint_uses_the_reading_before() -> N
 async def test_memory_with_no_footprint_at_all_is_unavailable_not_failed() -> None:
     v, _, _ = verifier(FakeClient([AWAKE]), [used(50)])
 
-    verdict = await v.verify(Expectation(sleeping=False, memory="restored"), memory_before=None)
+    verdict = await v.verify(Expectation(sleeping=False, memory=MemoryChange.RESTORED), memory_before=None)
 
     assert results(verdict)["memory"] == "unavailable" and verdict.failed is None
 
@@ -221,8 +222,8 @@ async def test_wake_that_restored_enough_passes_and_too_little_fails() -> None:
     bad, _, _ = verifier(FakeClient([AWAKE]), [used(44)])
     bad.note_awake(used(50))
 
-    passed = await good.verify(Expectation(sleeping=False, memory="restored"), memory_before=used(4))
-    failed = await bad.verify(Expectation(sleeping=False, memory="restored"), memory_before=used(4))
+    passed = await good.verify(Expectation(sleeping=False, memory=MemoryChange.RESTORED), memory_before=used(4))
+    failed = await bad.verify(Expectation(sleeping=False, memory=MemoryChange.RESTORED), memory_before=used(4))
 
     assert results(passed)["memory"] == "pass"
     assert failed.failed is not None
@@ -235,8 +236,8 @@ async def test_a_partial_wake_must_add_memory_back() -> None:
     flat, _, _ = verifier(FakeClient([ASLEEP]), [used(6)])
     flat.note_awake(used(50))
 
-    passed = await grew.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=used(4))
-    failed = await flat.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=used(4))
+    passed = await grew.verify(Expectation(sleeping=True, memory=MemoryChange.PART_RESTORED), memory_before=used(4))
+    failed = await flat.verify(Expectation(sleeping=True, memory=MemoryChange.PART_RESTORED), memory_before=used(4))
 
     assert results(passed)["memory"] == "pass"
     assert failed.failed is not None and "did not come back" in failed.failed.detail
@@ -246,7 +247,7 @@ async def test_weights_only_wake_without_a_reading_before_is_unavailable_not_fai
     v, _, _ = verifier(FakeClient([ASLEEP]), [used(20)])
     v.note_awake(used(50))
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="part_restored"), memory_before=UNAVAILABLE)
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.PART_RESTORED), memory_before=UNAVAILABLE)
 
     assert results(verdict)["memory"] == "unavailable" and verdict.failed is None
 
@@ -254,7 +255,7 @@ async def test_weights_only_wake_without_a_reading_before_is_unavailable_not_fai
 async def test_no_gpu_makes_the_memory_check_unavailable_and_the_verdict_pass() -> None:
     v, _, _ = verifier(FakeClient([ASLEEP]), [UNAVAILABLE])
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=UNAVAILABLE)
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=UNAVAILABLE)
 
     memory = verdict.checks[-1]
     assert (memory.name, memory.result, memory.detail) == ("memory", "unavailable", UNAVAILABLE.unavailable)
@@ -264,7 +265,7 @@ async def test_no_gpu_makes_the_memory_check_unavailable_and_the_verdict_pass() 
 async def test_memory_is_not_checked_when_the_flags_failed() -> None:
     v, _, gpu = verifier(FakeClient([AWAKE]), [used(50)])
 
-    verdict = await v.verify(Expectation(sleeping=True, memory="freed"), memory_before=used(50))
+    verdict = await v.verify(Expectation(sleeping=True, memory=MemoryChange.FREED), memory_before=used(50))
 
     assert "memory" not in results(verdict) and gpu.reads == 0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
+from proxy.observation import Observation
 from proxy.record import EngineRecord
 from proxy.states import State
-from proxy.upstream import Observation
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 REFUSED = Observation(reachable=False, error="connection refused")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.calls import LifecycleCall, parse_call
-from proxy.rules import Admission, EngineView, Noop, Record, Refuse, Run, admission, judge
+from proxy.rules import Admission, Defer, EngineView, Noop, Refuse, Run, admission, judge
 from proxy.states import State
 
 ASLEEP_1 = EngineView(State.SLEEPING, sleep_level=1, asleep_tags=frozenset({"weights", "kv_cache"}))
@@ -49,7 +49,7 @@ def test_wake_of_an_awake_or_merely_paused_engine_is_a_noop_not_forwarded(view: 
 def test_pause_runs_from_running_is_a_noop_when_paused_and_is_recorded_while_asleep() -> None:
     assert isinstance(judge(call("pause"), RUNNING), Run)
     assert isinstance(judge(call("pause"), PAUSED), Noop)
-    assert isinstance(judge(call("pause"), ASLEEP_1), Record)
+    assert isinstance(judge(call("pause"), ASLEEP_1), Defer)
 
 
 def test_resume_runs_from_paused_is_a_noop_when_running_and_refused_while_asleep() -> None:

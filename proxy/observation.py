@@ -1,0 +1,46 @@
+"""`Observation`: what vLLM's flags and sleep-state gauge said in one round, and the gauge's parser.
+
+Sans-IO: the HTTP client (proxy/upstream.py) reads these; the record (proxy/record.py) and the verifier
+decide what they mean without importing any HTTP library.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SLEEP_STATE = re.compile(rb'^vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"[^}]*\} ([0-9.eE+-]+)', re.M)
+
+
+def parse_sleep_state(metrics_text: bytes) -> tuple[bool | None, int | None]:
+    """(awake, level) from vLLM's `vllm:engine_sleep_state` gauge; (None, None) when absent.
+
+    The gauge reads awake after any wake call, partial ones included, so `awake` only means "not
+    asleep by the last sleep/wake call vLLM recorded"."""
+    values = {name.decode(): float(value) for name, value in _SLEEP_STATE.findall(metrics_text)}
+    if not values:
+        return None, None
+    if values.get("awake", 0) >= 1:
+        return True, None
+    if values.get("discard_all", 0) >= 1:
+        return False, 2
+    if values.get("weights_offloaded", 0) >= 1:
+        return False, 1
+    return False, 0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """vLLM's flags as read in one round: `reachable` False means refused/reset/timed out; `timed_out`
+    tells the last apart: an API server short of CPU answers late, a dead one refuses or says 503."""
+
+    reachable: bool
+    timed_out: bool = False
+    healthy: bool = False
+    sleeping: bool | None = None
+    paused: bool | None = None
+    error: str | None = None
+    # From vllm:engine_sleep_state: the sleep level vLLM last recorded, 0 for awake... or None when
+    # unknown. It tells a sleep from a mere pause, which the two flags cannot (both are true in both).
+    metric_level: int | None = None
+    metric_awake: bool | None = None
