@@ -125,8 +125,10 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
         client = await aiohttp_client(server)
         stack = Stack(client, sim_server, app, settings)
-        # Ready = RUNNING and the start-up round (which records the golden canary) has finished.
-        await stack.wait_for(lambda s: s["state"] == "RUNNING" and not s["lifecycle_busy"])
+        # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle
+        # auto-sleep the engine may already be asleep again by the first look: settled is ready then.
+        ready = ("RUNNING", "SLEEPING") if settings.idle_sleep_after_s is not None else ("RUNNING",)
+        await stack.wait_for(lambda s: s["state"] in ready and not s["lifecycle_busy"])
         stack.generate_baseline = stack.sim_count("generate")
         return stack
 
