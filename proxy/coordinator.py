@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .calls import LifecycleCall
@@ -29,9 +29,9 @@ from .gate import RequestGate
 from .gpu import GpuReading
 from .metrics import Metrics
 from .observation import Observation
-from .probes import Expectation, MemoryChange, Verdict, Verifier
-from .record import EngineRecord
-from .rules import Defer, Noop, Refuse, admission, control_refusal, judge, wake_targets
+from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
+from .record import EngineRecord, FailureKind
+from .rules import Defer, Noop, Refuse, Staleness, admission, control_refusal, judge, wake_targets
 from .states import State
 from .tasks import spawn
 from .upstream import Reply, VllmClient
@@ -41,19 +41,32 @@ log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
 
 
-@dataclass
-class OpResult:
-    """What the client of a lifecycle call gets back when it did not fail."""
+@dataclass(frozen=True)
+class Outcome:
+    """What the client of a lifecycle call gets when it did not fail: vLLM's reply (or ours, for a call
+    answered without vLLM) and what the coordinator decided; handlers turn it into HTTP."""
 
     status: int
     body: bytes
     content_type: str | None
-    headers: dict[str, str] = field(default_factory=dict)
-    outcome: str = "ok"
+    verdict: Verdict | None = None
+    noop: bool = False  # answered by us: the engine is already where the call asks
+    deferred: bool = False  # accepted without vLLM: a /pause while asleep, applied on the wake
+    drained: str | None = None  # drain_before_sleep: "complete", or how many in flight were aborted
+    pause_kept: str | None = None  # the user's pause mode, re-applied after vLLM's wake lifted it
+
+    @property
+    def label(self) -> str:
+        """The `outcome` label of lifeguard_lifecycle_operations_total."""
+        return "noop" if self.noop else "ok"
 
 
-def _json_result(body: dict[str, Any], outcome: str, **headers: str) -> OpResult:
-    return OpResult(200, json.dumps(body).encode(), "application/json", dict(headers), outcome)
+def _answered_by_us(body: dict[str, Any], *, noop: bool = False, deferred: bool = False) -> Outcome:
+    return Outcome(200, json.dumps(body).encode(), "application/json", noop=noop, deferred=deferred)
+
+
+def _from_vllm(reply: Reply, verdict: Verdict | None, **extra: Any) -> Outcome:
+    return Outcome(reply.status, reply.body, reply.content_type, verdict, **extra)
 
 
 class LifecycleCoordinator:
@@ -66,7 +79,7 @@ class LifecycleCoordinator:
         self._gate = gate
         self._metrics = metrics
         self._lock = asyncio.Lock()
-        self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
+        self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
         self.record = EngineRecord(metrics, self._refresh_gate, on_weights_changed=verifier.forget_golden)
         self._calls = EngineCalls(settings, client, verifier, self.record)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
@@ -106,7 +119,7 @@ class LifecycleCoordinator:
         }
 
     # ----- submitting calls
-    async def submit(self, call: LifecycleCall) -> OpResult:
+    async def submit(self, call: LifecycleCall) -> Outcome:
         """Run `call` serialized with every other lifecycle call; raises LifeguardError on failure."""
         joined = self._pending.get(call.key)
         if joined is not None:
@@ -118,13 +131,13 @@ class LifecycleCoordinator:
         if call.op == "update_weights" and self.record.weight_update_active:
             # Inside an open session the trainer's NCCL send runs concurrently: never queue this.
             return await self._timed(call, self._in_session(call))
-        future: asyncio.Future[OpResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_mark_retrieved)
         self._pending[call.key] = future
         spawn(self._serialized(call, future), name=f"lifecycle:{call.op}")
         return await asyncio.shield(future)
 
-    async def _serialized(self, call: LifecycleCall, future: asyncio.Future[OpResult]) -> None:
+    async def _serialized(self, call: LifecycleCall, future: asyncio.Future[Outcome]) -> None:
         try:
             result = await self._timed(call, self._locked(call))
         except LifeguardError as exc:
@@ -137,7 +150,7 @@ class LifecycleCoordinator:
         finally:
             self._pending.pop(call.key, None)
 
-    async def _locked(self, call: LifecycleCall) -> OpResult:
+    async def _locked(self, call: LifecycleCall) -> Outcome:
         try:
             async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
                 await self._lock.acquire()
@@ -150,25 +163,28 @@ class LifecycleCoordinator:
         finally:
             self._lock.release()
 
-    async def _timed(self, call: LifecycleCall, work: Awaitable[OpResult]) -> OpResult:
+    async def _timed(self, call: LifecycleCall, work: Awaitable[Outcome]) -> Outcome:
         started = time.monotonic()
         before = self.state
         outcome = "ok"
         upstream_status: int | None = None
+        verification: str | None = None
         try:
             result = await work
-            outcome = result.outcome
+            outcome = result.label
+            verification = result.verdict.summary() if result.verdict else None
             return result
         except LifeguardError as exc:
             outcome = _outcome_of(exc)
             upstream_status = getattr(exc, "upstream_status", None)
+            if isinstance(exc, VerificationFailed):
+                verification = exc.verification
             if isinstance(exc, (UpstreamError, VerificationFailed)):
                 self.record.error(exc.reason, exc.message)
             raise
         finally:
             seconds = time.monotonic() - started
             self._metrics.operation_finished(call.op, outcome, seconds)
-            last = self._verifier.last
             log.info(
                 "lifecycle %s: %s",
                 call.op,
@@ -182,22 +198,22 @@ class LifecycleCoordinator:
                     "duration_s": round(seconds, 4),
                     "outcome": outcome,
                     "upstream_status": upstream_status,
-                    "verification": _summary(last) if last and last.at >= time.time() - seconds - 0.001 else None,
+                    "verification": verification,
                 },
             )
 
-    async def _execute(self, call: LifecycleCall) -> OpResult:
+    async def _execute(self, call: LifecycleCall) -> Outcome:
         decision = judge(call, self.record.view(), self._weight_rpc_methods)
         if isinstance(decision, Refuse):
             raise decision.error
         if isinstance(decision, Noop):
-            return _json_result(decision.body, "noop", **{"X-Lifeguard-Noop": "true"})
+            return _answered_by_us(decision.body, noop=True)
         if isinstance(decision, Defer):
-            self.record.user_pause = call.mode or "abort"
-            return _json_result(decision.body, "ok", **{"X-Lifeguard-Deferred": "pause applied on wake"})
+            self.record.paused_by_user(call.mode or "abort")
+            return _answered_by_us(decision.body, deferred=True)
         if call.op in WEIGHT_OPERATIONS:
-            return _reply_result(await self._weights.run(call), None)
-        operations: dict[str, Callable[[LifecycleCall], Awaitable[OpResult]]] = {
+            return _from_vllm(await self._weights.run(call), None)
+        operations: dict[str, Callable[[LifecycleCall], Awaitable[Outcome]]] = {
             "sleep": self._do_sleep,
             "wake_up": self._do_wake_up,
             "pause": self._do_pause,
@@ -225,42 +241,45 @@ class LifecycleCoordinator:
         finally:
             self._lock.release()
 
-    async def _in_session(self, call: LifecycleCall) -> OpResult:
-        return _reply_result(await self._weights.in_session(call), None)
+    async def _in_session(self, call: LifecycleCall) -> Outcome:
+        return _from_vllm(await self._weights.in_session(call), None)
 
     # ----- the operations (called under the lock, from a settled state)
-    async def _do_sleep(self, call: LifecycleCall) -> OpResult:
+    async def _do_sleep(self, call: LifecycleCall) -> Outcome:
         level = call.level if call.level is not None else 1
         before = await self._verifier.read_memory()
         if self.state is State.RUNNING:
             self._verifier.note_awake(before)
         prev = self.state
-        self.record.fire("begin_sleep_again" if prev is State.SLEEPING else "begin_sleep")
-        headers: dict[str, str] = {}
+        if prev is State.SLEEPING:
+            self.record.lifecycle.begin_sleep_again()
+        else:
+            self.record.lifecycle.begin_sleep()
+        drained = None
         if self._settings.drain_before_sleep_s > 0 and call.mode == "abort" and self._gate.inflight:
             self._metrics.policy_action("drain_before_sleep")
-            drained = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
-            headers["X-Lifeguard-Drained"] = "complete" if drained else f"timeout; {self._gate.inflight} aborted"
+            idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
+            drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
         failed = verdict.failed
         if failed is not None and not (
-            failed.name == "memory" and verdict.observation and verdict.observation.sleeping
+            failed.name is CheckName.MEMORY and verdict.observation and verdict.observation.sleeping
         ):
-            self._caught_lie(call, verdict, hint=prev)
+            raise self._lie(call, verdict, hint=prev)
         self.record.fell_asleep(level, confirmed=failed is None)
         if prev is State.PAUSED and self.record.user_pause is None:
-            self.record.user_pause = "abort"
-        self.record.fire("settle_sleeping")
+            self.record.paused_by_user("abort")
+        self.record.settle(State.SLEEPING)
         if failed is not None:
             # Asleep by the flags, nothing freed: asleep without freeing, or only paused (a /sleep from PAUSED
             # that did nothing looks the same). Held as asleep (no /resume, no weight writes onto weights that
             # may sleep), and a repeat is sent to vLLM again instead of being answered as a no-op.
-            self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
-        return _reply_result(reply, verdict, headers)
+            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
+        return _from_vllm(reply, verdict, drained=drained)
 
-    async def _do_wake_up(self, call: LifecycleCall) -> OpResult:
+    async def _do_wake_up(self, call: LifecycleCall) -> Outcome:
         view = self.record.view()
         targets = wake_targets(call, view)
         remaining = frozenset() if view.asleep_tags == {"scheduling"} else view.asleep_tags - targets
@@ -270,95 +289,102 @@ class LifecycleCoordinator:
         else:  # only what is still asleep: vLLM's repeat of an awake tag is a silent no-op at best
             sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
         before = await self._verifier.read_memory()
-        self.record.fire("begin_wake")
+        self.record.lifecycle.begin_wake()
         reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
         memory = None
         if view.sleep_level != 0:
             memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
-        canary = full and self.record.weights_stale != "discarded"
+        canary = full and self.record.weights_stale is not Staleness.DISCARDED
         verdict = await self._verifier.verify(
             Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
             memory_before=before,
         )
         if verdict.failed is not None:
-            if not full and verdict.failed.name == "memory":
+            if not full and verdict.failed.name is CheckName.MEMORY:
                 # The flags cannot show a partial wake; the GPUs say nothing came back: what we sent is
                 # still asleep (a retry is sent again), not an engine to give up on.
-                self.record.fire("settle_sleeping")
-                self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
-            self._caught_lie(call, verdict, hint=State.SLEEPING)
-        self.record.asleep_tags = remaining
+                self.record.settle(State.SLEEPING)
+                raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
+            raise self._lie(call, verdict, hint=State.SLEEPING)
+        self.record.woke(remaining)
         if not full:
-            self.record.fire("settle_sleeping")
-            return _reply_result(reply, verdict)
-        self.record.sleep_level = None
+            self.record.settle(State.SLEEPING)
+            return _from_vllm(reply, verdict)
         if verdict.memory is not None:
             self._verifier.note_awake(verdict.memory)
-        if self.record.user_pause is not None:
+        if (mode := self.record.user_pause) is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
-            mode = self.record.user_pause
             await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
             repaused = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
             if repaused.failed is not None:
-                self._caught_lie(call, repaused, hint=State.PAUSED)
-            self.record.fire("settle_paused")
-            return _reply_result(reply, verdict, {"X-Lifeguard-Pause-Kept": self.record.user_pause})
-        self.record.fire("settle_running")
-        return _reply_result(reply, verdict)
+                raise self._lie(call, repaused, hint=State.PAUSED)
+            self.record.settle(State.PAUSED)
+            return _from_vllm(reply, verdict, pause_kept=mode)
+        self.record.settle(State.RUNNING)
+        return _from_vllm(reply, verdict)
 
-    async def _do_release_kv_cache_memory(self, call: LifecycleCall) -> OpResult:
+    async def _do_release_kv_cache_memory(self, call: LifecycleCall) -> Outcome:
         before = await self._verifier.read_memory()
-        self.record.fire("begin_sleep")
+        self.record.lifecycle.begin_sleep()
         reply = await self._calls.post(call, "/release_kv_cache_memory", hint=State.PAUSED)
         verdict = await self._verifier.verify(
             Expectation(sleeping=True, paused=True, memory=MemoryChange.PART_FREED), memory_before=before
         )
         failed = verdict.failed
-        if failed is not None and failed.name != "memory":
-            self._caught_lie(call, verdict, hint=State.PAUSED)
+        if failed is not None and failed.name is not CheckName.MEMORY:
+            raise self._lie(call, verdict, hint=State.PAUSED)
         self.record.released_kv_cache()
-        self.record.fire("settle_sleeping")
+        self.record.settle(State.SLEEPING)
         if failed is not None:
             # Paused by the flags, nothing freed: a wake is still what brings it back, so it is held as released.
-            self._caught_lie(call, verdict, hint=State.SLEEPING, adopt=False)
-        return _reply_result(reply, verdict)
+            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
+        return _from_vllm(reply, verdict)
 
-    async def _do_pause(self, call: LifecycleCall) -> OpResult:
-        self.record.fire("begin_pause")
+    async def _do_pause(self, call: LifecycleCall) -> Outcome:
+        self.record.lifecycle.begin_pause()
         reply = await self._calls.post(call, "/pause", hint=State.RUNNING)
         verdict = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
         if verdict.failed is not None:
-            self._caught_lie(call, verdict, hint=State.RUNNING)
-        self.record.user_pause = call.mode or "abort"
-        self.record.fire("settle_paused")
-        return _reply_result(reply, verdict)
+            raise self._lie(call, verdict, hint=State.RUNNING)
+        self.record.paused_by_user(call.mode or "abort")
+        self.record.settle(State.PAUSED)
+        return _from_vllm(reply, verdict)
 
-    async def _do_resume(self, call: LifecycleCall) -> OpResult:
-        self.record.fire("begin_resume")
+    async def _do_resume(self, call: LifecycleCall) -> Outcome:
+        self.record.lifecycle.begin_resume()
         reply = await self._calls.post(call, "/resume", hint=State.PAUSED)
         verdict = await self._verifier.verify(Expectation(sleeping=False, paused=False), memory_before=None)
         if verdict.failed is not None:
-            self._caught_lie(call, verdict, hint=State.PAUSED)
-        self.record.user_pause = None
-        self.record.fire("settle_running")
-        return _reply_result(reply, verdict)
+            raise self._lie(call, verdict, hint=State.PAUSED)
+        self.record.pause_lifted()
+        self.record.settle(State.RUNNING)
+        return _from_vllm(reply, verdict)
 
-    def _caught_lie(self, call: LifecycleCall, verdict: Verdict, *, hint: State, adopt: bool = True) -> None:
+    def _lie(self, call: LifecycleCall, verdict: Verdict, *, hint: State, adopt: bool = True) -> VerificationFailed:
+        """A caught "200 lie": counted, what the engine really is adopted (unless `adopt` is False), and the
+        error to raise returned."""
         check = verdict.failed
         assert check is not None
         self._metrics.lie_caught(call.op, check.name)
         obs = verdict.observation
         if adopt:
-            if check.name == "canary":
-                self.record.set_failed("garbage", f"the engine produces garbage after {call.op}: {check.detail}")
-            elif check.name == "memory" and call.op == "wake_up":
-                self.record.set_failed("memory", f"the engine says awake but its memory is not back: {check.detail}")
+            if check.name is CheckName.CANARY:
+                self.record.set_failed(
+                    FailureKind.GARBAGE, f"the engine produces garbage after {call.op}: {check.detail}"
+                )
+            elif check.name is CheckName.MEMORY and call.op == "wake_up":
+                self.record.set_failed(
+                    FailureKind.MEMORY, f"the engine says awake but its memory is not back: {check.detail}"
+                )
             elif obs is not None:
                 memory = verdict.memory or self._verifier.last_memory
                 freed = self._verifier.memory_freed(memory) if memory is not None else None
                 self.record.adopt(obs, hint=hint, memory_freed=freed)
-        raise VerificationFailed(f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
-                                 check=check.name)  # fmt: skip
+        return VerificationFailed(
+            f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
+            check=check.name,
+            verification=verdict.summary(),
+        )
 
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
@@ -379,11 +405,12 @@ class LifecycleCoordinator:
     async def _healed(self, obs: Observation, memory: GpuReading) -> bool:
         """FAILED on a healthy, awake engine (garbage, memory not back): re-run the check that failed."""
         failure = self.record.failure_kind
-        if self.state is not State.FAILED or failure not in ("garbage", "memory"):
+        if self.state is not State.FAILED or failure not in (FailureKind.GARBAGE, FailureKind.MEMORY):
             return False
         if not (obs.reachable and obs.healthy and obs.sleeping is False and not obs.paused):
             return False  # asleep or paused: nothing to re-check (a canary would be held); restart or reconcile
-        check = await self._verifier.recheck(failure, memory, canary=self.record.weights_stale != "discarded")
+        canary = self.record.weights_stale is not Staleness.DISCARDED
+        check = await self._verifier.recheck(failure, memory, canary=canary)
         if check.result != "pass":
             return False
         self.record.healed(obs)
@@ -400,17 +427,6 @@ class LifecycleCoordinator:
             hold_while_restarted=self._settings.hold_while_weights_stale,
         )
         self._gate.set_admission(decision, sleeping=self.state is State.SLEEPING)
-
-
-def _reply_result(reply: Reply, verdict: Verdict | None, headers: dict[str, str] | None = None) -> OpResult:
-    extra = dict(headers or {})
-    if verdict is not None:
-        extra["X-Lifeguard-Verified"] = _summary(verdict)
-    return OpResult(reply.status, reply.body, reply.content_type, extra)
-
-
-def _summary(verdict: Verdict) -> str:
-    return ",".join(f"{c.name}={c.result}" for c in verdict.checks)
 
 
 def _outcome_of(error: LifeguardError) -> str:

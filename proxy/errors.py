@@ -194,9 +194,10 @@ class VerificationFailed(LifeguardError):
 
     reason = "verification_failed"
 
-    def __init__(self, message: str, *, check: str) -> None:
+    def __init__(self, message: str, *, check: str, verification: str | None = None) -> None:
         super().__init__(message)
         self.check = check
+        self.verification = verification  # every check's result, as in X-Lifeguard-Verified
 
 
 def _reasons(cls: type[LifeguardError]) -> set[str]:

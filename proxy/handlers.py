@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from .calls import parse_call
 from .config import Settings
-from .coordinator import LifecycleCoordinator
+from .coordinator import LifecycleCoordinator, Outcome
 from .errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -214,10 +214,24 @@ async def _lifecycle(request: web.Request, target: Target) -> web.Response:
         # Refused before the coordinator sees it; still an operation outcome users want on the dashboard.
         app[METRICS].operation_finished(op, "invalid" if exc.status in (400, 413) else "unauthorized", 0.0)
         raise
-    result = await app[COORDINATOR].submit(call)
-    response = web.Response(status=result.status, body=result.body, headers=result.headers)
-    if result.content_type:
-        response.headers["Content-Type"] = result.content_type
+    return _lifecycle_response(await app[COORDINATOR].submit(call))
+
+
+def _lifecycle_response(outcome: Outcome) -> web.Response:
+    """vLLM's reply (or ours), with what the coordinator decided as `X-Lifeguard-*` headers."""
+    response = web.Response(status=outcome.status, body=outcome.body)
+    if outcome.content_type:
+        response.headers["Content-Type"] = outcome.content_type
+    if outcome.verdict is not None:
+        response.headers["X-Lifeguard-Verified"] = outcome.verdict.summary()
+    if outcome.noop:
+        response.headers["X-Lifeguard-Noop"] = "true"
+    if outcome.deferred:
+        response.headers["X-Lifeguard-Deferred"] = "pause applied on wake"
+    if outcome.drained is not None:
+        response.headers["X-Lifeguard-Drained"] = outcome.drained
+    if outcome.pause_kept is not None:
+        response.headers["X-Lifeguard-Pause-Kept"] = outcome.pause_kept
     return response
 
 

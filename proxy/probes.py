@@ -76,6 +76,10 @@ class Verdict:
     at: float = field(default_factory=time.time)
     seconds: float = 0.0
 
+    def summary(self) -> str:
+        """`name=result` per check, as sent in `X-Lifeguard-Verified`."""
+        return ",".join(f"{c.name}={c.result}" for c in self.checks)
+
     @property
     def failed(self) -> Check | None:
         return next((c for c in self.checks if c.result is CheckResult.FAIL), None)

@@ -9,24 +9,35 @@ synchronous throughout, so each change is atomic on the event loop.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from .metrics import Metrics
 from .observation import Observation
-from .rules import EngineView, asleep_tags_for
+from .rules import EngineView, Staleness, asleep_tags_for
 from .states import Lifecycle, State
 
 log = logging.getLogger("lifeguard.lifecycle")
 
-_SETTLE_TRIGGER = {
-    State.RUNNING: "settle_running",
-    State.PAUSED: "settle_paused",
-    State.SLEEPING: "settle_sleeping",
-    State.UPDATING_WEIGHTS: "settle_updating",
+# The machine puts its triggers on the instance; the class holds only the typed stubs.
+_SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
+    State.RUNNING: lambda lifecycle: lifecycle.settle_running(),
+    State.PAUSED: lambda lifecycle: lifecycle.settle_paused(),
+    State.SLEEPING: lambda lifecycle: lifecycle.settle_sleeping(),
+    State.UPDATING_WEIGHTS: lambda lifecycle: lifecycle.settle_updating(),
 }
+
+
+class FailureKind(enum.StrEnum):
+    """Why the engine is FAILED: gone, or up but broken in a way a re-check can clear."""
+
+    UNREACHABLE = "unreachable"
+    GARBAGE = "garbage"
+    MEMORY = "memory"
 
 
 class EngineRecord:
@@ -41,15 +52,11 @@ class EngineRecord:
         self._metrics = metrics
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
-        self.sleep_level: int | None = None
-        self.asleep_tags: frozenset[str] = frozenset()
-        self.sleep_unconfirmed = False
-        self.user_pause: str | None = None
-        self.weight_update_active = False
+        # The facts beside the state, kept where the rules read them; `state` there is filled in by view().
+        self._facts = EngineView(State.STARTING)
+        # The state a weight update session returns to when it is finished.
         self.return_state = State.RUNNING
-        # "discarded" after a level-2 sleep, "restarted" after an engine restart; None when valid.
-        self.weights_stale: str | None = None
-        self.failure_kind: str | None = None
+        self.failure_kind: FailureKind | None = None
         self.last_error: dict[str, Any] | None = None
         self.since = time.time()
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
@@ -62,60 +69,91 @@ class EngineRecord:
         return self.lifecycle.state
 
     def view(self) -> EngineView:
-        return EngineView(
-            self.state,
-            self.sleep_level,
-            self.asleep_tags,
-            self.user_pause,
-            self.weight_update_active,
-            self.weights_stale,
-            self.sleep_unconfirmed,
-        )
+        return replace(self._facts, state=self.state)
 
-    def fire(self, trigger: str) -> None:
-        self.lifecycle.fire(trigger)
+    # Read-only from outside: every change goes through a method below, which ends in the view change.
+    @property
+    def sleep_level(self) -> int | None:
+        return self._facts.sleep_level
+
+    @property
+    def asleep_tags(self) -> frozenset[str]:
+        return self._facts.asleep_tags
+
+    @property
+    def sleep_unconfirmed(self) -> bool:
+        return self._facts.sleep_unconfirmed
+
+    @property
+    def user_pause(self) -> str | None:
+        return self._facts.user_pause
+
+    @property
+    def weight_update_active(self) -> bool:
+        return self._facts.weight_update_active
+
+    @property
+    def weights_stale(self) -> Staleness | None:
+        return self._facts.weights_stale
+
+    def _set(self, **facts: Any) -> None:
+        self._facts = replace(self._facts, **facts)
+        self._on_view_change()
 
     # ----- facts the coordinator establishes
     def fell_asleep(self, level: int, *, confirmed: bool = True) -> None:
-        self.sleep_level = level
-        self.asleep_tags = asleep_tags_for(level)
-        self.sleep_unconfirmed = not confirmed
+        self._set(sleep_level=level, asleep_tags=asleep_tags_for(level), sleep_unconfirmed=not confirmed)
         if level == 2:
-            self.mark_stale("discarded")
+            self.mark_stale(Staleness.DISCARDED)
 
     def released_kv_cache(self) -> None:
         """`/release_kv_cache_memory` from a completed pause: only the KV cache is gone, no sleep level."""
-        self.sleep_level = None
-        self.asleep_tags = frozenset({"kv_cache"})
-        self.sleep_unconfirmed = False
+        self._set(sleep_level=None, asleep_tags=frozenset({"kv_cache"}), sleep_unconfirmed=False)
 
-    def mark_stale(self, reason: str) -> None:
-        self.weights_stale = reason
+    def woke(self, remaining: frozenset[str]) -> None:
+        """A verified wake: `remaining` is what is still asleep (nothing: fully awake, no sleep level)."""
+        self._set(asleep_tags=remaining, sleep_level=self.sleep_level if remaining else None)
+
+    def paused_by_user(self, mode: str) -> None:
+        """The user's pause, kept across a sleep/wake cycle (vLLM's /wake_up lifts it)."""
+        self._set(user_pause=mode)
+
+    def pause_lifted(self) -> None:
+        self._set(user_pause=None)
+
+    def session_opened(self, return_to: State) -> None:
+        self.return_state = return_to
+        self._set(weight_update_active=True)
+
+    def session_closed(self) -> None:
+        self._set(weight_update_active=False)
+
+    def mark_stale(self, reason: Staleness) -> None:
         self._metrics.weights_stale(True)
         self._on_weights_changed()
-        self._on_view_change()
+        self._set(weights_stale=reason)
 
     def weights_loaded(self) -> None:
         self._on_weights_changed()
         if self.weights_stale is not None:
-            self.weights_stale = None
             self._metrics.weights_stale(False)
-            self._on_view_change()
+            self._set(weights_stale=None)
 
     def error(self, reason: str, message: str) -> None:
         self.last_error = {"reason": reason, "message": message, "at": time.time()}
 
-    def set_failed(self, kind: str, message: str) -> None:
+    def set_failed(self, kind: FailureKind, message: str) -> None:
         self.failure_kind = kind
         self.error("engine_" + kind, message)
         if self.state is not State.FAILED:
-            self.fire("fail")
+            self.lifecycle.fail()
 
     def settle(self, state: State) -> None:
+        """The one way to settle: from wherever we are (FAILED included) into `state`."""
         if self.state is State.FAILED:
-            self.fire("engine_back")
+            self.lifecycle.engine_back()
         if self.state is not state:
-            self.fire(_SETTLE_TRIGGER[state])
+            _SETTLE[state](self.lifecycle)
 
     # ----- adopting what the engine really is
     def adopt(
@@ -125,15 +163,14 @@ class EngineRecord:
         of the two we were near (the operation that just failed, or the state we believed).
         `memory_freed`: whether the GPUs show the sleep's memory gone (None: cannot tell)."""
         if not obs.reachable or not obs.healthy:
-            self.set_failed("unreachable", message or obs.error or "/health is not 200")
+            self.set_failed(FailureKind.UNREACHABLE, message or obs.error or "/health is not 200")
             return
         if obs.sleeping is False and not obs.paused:
-            self.asleep_tags, self.sleep_level, self.user_pause = frozenset(), None, None
+            self._set(asleep_tags=frozenset(), sleep_level=None, user_pause=None)
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
         elif (level := _gauge_sleep_level(obs, memory_freed)) is not None:
             if self.sleep_level != level or not self.asleep_tags:
-                self.sleep_level = level
-                self.asleep_tags = asleep_tags_for(level)
+                self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
             self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
@@ -142,13 +179,12 @@ class EngineRecord:
             if hint in (State.SLEEPING, State.WAKING, State.FALLING_ASLEEP) and self.asleep_tags:
                 self.settle(State.SLEEPING)
                 return
-            self.user_pause = self.user_pause or "abort"
-            self.asleep_tags, self.sleep_level = frozenset(), None
+            self._set(user_pause=self.user_pause or "abort", asleep_tags=frozenset(), sleep_level=None)
             self.settle(State.PAUSED)
         else:
             if not self.asleep_tags:
-                self.sleep_level = self.sleep_level if self.sleep_level is not None else 1
-                self.asleep_tags = asleep_tags_for(self.sleep_level)
+                level = self.sleep_level if self.sleep_level is not None else 1
+                self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
             self.settle(State.SLEEPING)
 
     def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:
@@ -159,14 +195,14 @@ class EngineRecord:
                 # A sidecar starts before vLLM has loaded its model: not a failure, requests are held.
                 self.error("engine_starting", obs.error or "/health is not 200 yet")
             elif state is not State.FAILED:
-                self.set_failed("unreachable", obs.error or "/health is not 200")
+                self.set_failed(FailureKind.UNREACHABLE, obs.error or "/health is not 200")
             else:
-                self.failure_kind = "unreachable"
+                self.failure_kind = FailureKind.UNREACHABLE
             return
         if state is State.FAILED:
-            if self.failure_kind != "unreachable":
+            if self.failure_kind is not FailureKind.UNREACHABLE:
                 return  # healthy but broken (garbage, memory not back): only a restart brings it back
-            self.fire("engine_back")
+            self.lifecycle.engine_back()
             if self._ever_running:
                 self._restarted()
             state = State.STARTING
@@ -200,10 +236,8 @@ class EngineRecord:
     def _restarted(self) -> None:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
         self._metrics.engine_restart()
-        self.weight_update_active = False
-        self.user_pause = None
-        self.asleep_tags, self.sleep_level = frozenset(), None
-        self.mark_stale("restarted")
+        self._set(weight_update_active=False, user_pause=None, asleep_tags=frozenset(), sleep_level=None)
+        self.mark_stale(Staleness.RESTARTED)
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes
@@ -212,7 +246,7 @@ class EngineRecord:
             return
         self.since = time.time()
         if dst not in (State.FALLING_ASLEEP, State.SLEEPING, State.WAKING, State.UPDATING_WEIGHTS):
-            self.sleep_unconfirmed = False
+            self._facts = replace(self._facts, sleep_unconfirmed=False)  # the view change follows below
         if dst is State.RUNNING:
             self._ever_running = True
         if src is State.FAILED:

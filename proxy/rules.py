@@ -29,6 +29,13 @@ from .states import State
 ALL_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 
 
+class Staleness(enum.StrEnum):
+    """Why the weights vLLM holds are not the intended ones, until weights are loaded again."""
+
+    DISCARDED = "discarded"  # a level-2 sleep threw them away
+    RESTARTED = "restarted"  # a restarted vLLM holds its initial checkpoint
+
+
 @dataclass(frozen=True)
 class EngineView:
     """What we hold to be true about the engine, besides the state itself."""
@@ -38,8 +45,7 @@ class EngineView:
     asleep_tags: frozenset[str] = frozenset()
     user_pause: str | None = None
     weight_update_active: bool = False
-    # "discarded" after a level-2 sleep, "restarted" after an engine restart; None when valid.
-    weights_stale: str | None = None
+    weights_stale: Staleness | None = None
     # Asleep by vLLM's flags, but the GPUs showed nothing freed: maybe only paused (a sleep that lied),
     # maybe asleep without freeing. A repeat is sent again rather than answered from this belief.
     sleep_unconfirmed: bool = False
@@ -188,7 +194,9 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.FAILED:
         return Admission.REJECT_FAILED
     if view.state is State.RUNNING:
-        if view.weights_stale == "discarded" or (view.weights_stale == "restarted" and hold_while_restarted):
+        if view.weights_stale is Staleness.DISCARDED or (
+            view.weights_stale is Staleness.RESTARTED and hold_while_restarted
+        ):
             return Admission.HOLD
         return Admission.FORWARD
     if view.state is State.SLEEPING and on_sleeping == "reject":

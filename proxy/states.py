@@ -59,7 +59,11 @@ TRANSITIONS: list[dict[str, Any]] = [
 
 
 class Lifecycle:
-    """The model the machine drives; `state` is always a `State`."""
+    """The model the machine drives; `state` is always a `State`.
+
+    Each trigger is a method declared below and replaced by the machine's own (`model_override=True`), so
+    a misspelt trigger is an error mypy reports, not a MachineError at run time. A trigger that is not
+    valid from the current state still raises `transitions.MachineError`."""
 
     state: State
 
@@ -74,16 +78,49 @@ class Lifecycle:
             ignore_invalid_triggers=False,
             send_event=True,
             after_state_change=self._changed,
+            model_override=True,
         )
 
     def _changed(self, event: Any) -> None:
         self._on_change(State[event.transition.source], self.state)
 
-    def may(self, trigger: str) -> bool:
-        """Whether `trigger` is valid from the current state."""
-        return bool(self.machine.get_triggers(self.state.name).count(trigger))
+    # --- begin_*: an operation starts (strict sources)
+    def begin_pause(self) -> bool:
+        raise _STUB
 
-    def fire(self, trigger: str) -> State:
-        """Run `trigger` (raises `transitions.MachineError` if it is invalid here); returns the new state."""
-        self.machine.events[trigger].trigger(self)
-        return self.state
+    def begin_resume(self) -> bool:
+        raise _STUB
+
+    def begin_sleep(self) -> bool:
+        raise _STUB
+
+    def begin_sleep_again(self) -> bool:
+        raise _STUB
+
+    def begin_wake(self) -> bool:
+        raise _STUB
+
+    def begin_weight_update(self) -> bool:
+        raise _STUB
+
+    # --- facts: what was verified or observed
+    def settle_running(self) -> bool:
+        raise _STUB
+
+    def settle_paused(self) -> bool:
+        raise _STUB
+
+    def settle_sleeping(self) -> bool:
+        raise _STUB
+
+    def settle_updating(self) -> bool:
+        raise _STUB
+
+    def fail(self) -> bool:
+        raise _STUB
+
+    def engine_back(self) -> bool:
+        raise _STUB
+
+
+_STUB = RuntimeError("the state machine did not replace this trigger stub")

@@ -66,21 +66,20 @@ class WeightUpdates:
 
     async def _start(self, call: LifecycleCall) -> Reply:
         prev = self._record.state
-        self._record.fire("begin_weight_update")
+        self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, "/start_weight_update", hint=prev)
         except UpstreamBadStatus:
             self._record.settle(prev)
             raise
-        self._record.weight_update_active = True
-        self._record.return_state = prev
+        self._record.session_opened(return_to=prev)
         return reply
 
     async def _update(self, call: LifecycleCall) -> Reply:
         if self._record.weight_update_active:  # a session opened while this call waited its turn
             return await self.in_session(call, locked=True)
         prev = self._record.state  # no session open: this call is a session of its own
-        self._record.fire("begin_weight_update")
+        self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, "/update_weights", hint=prev)
         finally:
@@ -96,7 +95,7 @@ class WeightUpdates:
             if _says_no_session(exc):
                 await self._session_lost(exc)
             raise
-        self._record.weight_update_active = False
+        self._record.session_closed()
         self._record.weights_loaded()
         self._record.settle(self._record.return_state)
         return reply

@@ -32,7 +32,7 @@ from lifeguard_sim.errors import EngineGone, EngineHTTPError
 from lifeguard_sim.settings import SimSettings
 from proxy.calls import LifecycleCall, parse_call
 from proxy.config import Settings
-from proxy.coordinator import LifecycleCoordinator, OpResult
+from proxy.coordinator import LifecycleCoordinator, Outcome
 from proxy.errors import LifeguardError, UpstreamUnreachable
 from proxy.gate import RequestGate
 from proxy.gpu import DeviceMemory, GpuReading
@@ -217,13 +217,13 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.loop.run_until_complete(asyncio.sleep(0))
         self.loop.close()
 
-    async def _submit(self, call: LifecycleCall) -> OpResult | LifeguardError:
+    async def _submit(self, call: LifecycleCall) -> Outcome | LifeguardError:
         try:
             return await self.coordinator.submit(call)
         except LifeguardError as exc:
             return exc
 
-    def _check_outcome(self, call: LifecycleCall, decision: str, outcome: OpResult | LifeguardError,
+    def _check_outcome(self, call: LifecycleCall, decision: str, outcome: Outcome | LifeguardError,
                        forwarded: int) -> None:  # fmt: skip
         if isinstance(outcome, LifeguardError):
             assert outcome.status in (400, 409, 503), f"{call.op}: proxy answered {outcome.status}"
@@ -236,8 +236,8 @@ class CoordinatorModel(RuleBasedStateMachine):
         assert decision != "refuse", f"{call.op} should have been refused, got 200"
         if decision in ("noop", "record"):
             assert forwarded == 0, f"{call.op} answered by us ({decision}) but vLLM saw it"
-            key = "X-Lifeguard-Noop" if decision == "noop" else "X-Lifeguard-Deferred"
-            assert key in outcome.headers, f"{call.op}: {decision} without {key}: {outcome.headers}"
+            said = outcome.noop if decision == "noop" else outcome.deferred
+            assert said, f"{call.op}: {decision} but the outcome says otherwise: {outcome}"
         else:
             assert forwarded == 1, f"{call.op} was decided run but vLLM saw it {forwarded} times"
             assert claim_holds(call, self.engine), f"{call.op} 200 but the engine is {self.engine.state_dict()}"
@@ -261,7 +261,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         decision = self._expect(call)
         before = self.engine.counters[call.op]
 
-        async def both() -> list[OpResult | LifeguardError]:
+        async def both() -> list[Outcome | LifeguardError]:
             return list(await asyncio.gather(self._submit(call), self._submit(call)))
 
         first, second = self.run(both())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.calls import LifecycleCall, parse_call
-from proxy.rules import Admission, Defer, EngineView, Noop, Refuse, Run, admission, judge
+from proxy.rules import Admission, Defer, EngineView, Noop, Refuse, Run, Staleness, admission, judge
 from proxy.states import State
 
 ASLEEP_1 = EngineView(State.SLEEPING, sleep_level=1, asleep_tags=frozenset({"weights", "kv_cache"}))
@@ -101,9 +101,9 @@ def test_inference_is_forwarded_only_in_running_with_valid_weights() -> None:
         assert adm(EngineView(state)) is Admission.HOLD
     assert adm(EngineView(State.FAILED)) is Admission.REJECT_FAILED
     assert adm(ASLEEP_1, on_sleeping="reject") is Admission.REJECT_SLEEPING
-    assert adm(EngineView(State.RUNNING, weights_stale="discarded")) is Admission.HOLD
-    assert adm(EngineView(State.RUNNING, weights_stale="restarted")) is Admission.FORWARD
-    assert adm(EngineView(State.RUNNING, weights_stale="restarted"), hold_restarted=True) is Admission.HOLD
+    assert adm(EngineView(State.RUNNING, weights_stale=Staleness.DISCARDED)) is Admission.HOLD
+    assert adm(EngineView(State.RUNNING, weights_stale=Staleness.RESTARTED)) is Admission.FORWARD
+    assert adm(EngineView(State.RUNNING, weights_stale=Staleness.RESTARTED), hold_restarted=True) is Admission.HOLD
 
 
 def test_weight_writing_rpcs_are_refused_while_the_weights_are_asleep() -> None:

@@ -14,8 +14,8 @@ def machine() -> tuple[Lifecycle, list[tuple[State, State]]]:
 def test_the_machine_starts_in_starting_and_reports_every_change() -> None:
     lifecycle, changes = machine()
     assert lifecycle.state is State.STARTING
-    lifecycle.fire("settle_running")
-    lifecycle.fire("begin_sleep")
+    lifecycle.settle_running()
+    lifecycle.begin_sleep()
     assert changes == [(State.STARTING, State.RUNNING), (State.RUNNING, State.FALLING_ASLEEP)]
 
 
@@ -31,22 +31,31 @@ def test_the_machine_starts_in_starting_and_reports_every_change() -> None:
 )
 def test_an_operation_cannot_begin_from_a_state_it_does_not_apply_to(start: str, trigger: str) -> None:
     lifecycle, _ = machine()
-    lifecycle.fire(start)
+    getattr(lifecycle, start)()
     with pytest.raises(MachineError):
-        lifecycle.fire(trigger)
+        getattr(lifecycle, trigger)()
 
 
 def test_a_failed_engine_must_be_seen_again_before_it_can_settle() -> None:
     lifecycle, _ = machine()
-    lifecycle.fire("settle_running")
-    lifecycle.fire("fail")
+    lifecycle.settle_running()
+    lifecycle.fail()
     with pytest.raises(MachineError):
-        lifecycle.fire("settle_running")
-    lifecycle.fire("engine_back")
-    lifecycle.fire("settle_running")
+        lifecycle.settle_running()
+    lifecycle.engine_back()
+    lifecycle.settle_running()
     assert lifecycle.state is State.RUNNING
 
 
 def test_the_settled_states_are_those_a_call_ends_in() -> None:
     assert SETTLED == {State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.FAILED}
     assert State.WAKING not in SETTLED
+
+
+def test_every_trigger_has_a_typed_method_and_every_method_a_trigger() -> None:
+    from proxy.states import TRANSITIONS
+
+    stubs = {
+        name for name in vars(Lifecycle) if name.startswith(("begin_", "settle_")) or name in ("fail", "engine_back")
+    }
+    assert stubs == {t["trigger"] for t in TRANSITIONS}
