@@ -8,7 +8,7 @@ then the background loop stops and the upstream session closes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
@@ -27,7 +27,6 @@ from .handlers import (
     METRICS,
     ROUTES,
     SETTINGS,
-    SHUTTING_DOWN,
     UNKNOWN_ROUTES,
     error_middleware,
     healthz,
@@ -41,7 +40,7 @@ from .probes import Verifier
 from .reconcile import reconcile_loop
 from .routes import LIFECYCLE_PATHS, build_table
 from .states import TRANSITIONS, State
-from .tasks import spawn
+from .tasks import Tasks
 from .unknown_routes import UnknownRoutes
 from .upstream import VllmClient
 
@@ -65,7 +64,6 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = metrics
-    app[SHUTTING_DOWN] = []
     app[ROUTES] = build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)
     app[UNKNOWN_ROUTES] = UnknownRoutes(metrics)
     app.cleanup_ctx.append(
@@ -90,7 +88,9 @@ def _edges() -> list[tuple[str, str]]:
     return sorted(edges)
 
 
-def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):  # type: ignore[no-untyped-def]
+def _engine_context(
+    settings: Settings, metrics: Metrics, gpu: GpuMemoryReader
+) -> Callable[[web.Application], AsyncIterator[None]]:
     async def context(app: web.Application) -> AsyncIterator[None]:
         assert settings.upstream is not None
         session = aiohttp.ClientSession(
@@ -108,26 +108,28 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
             on_check=metrics.verification,
             on_memory=lambda reading: _report_memory(metrics, reading),
         )
-        policies_box: list[Policies] = []
         gate = RequestGate(
             max_held=settings.max_held_requests,
             max_held_bytes=settings.max_held_bytes,
             hold_timeout_s=settings.hold_timeout_s,
             on_hold_ended=metrics.hold_finished,
-            on_held_while_sleeping=lambda: policies_box[0].request_held_while_sleeping(),
         )
         metrics.watch_counts(lambda: gate.held, lambda: gate.inflight)
-        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics)
+        tasks = Tasks()
+        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, tasks)
         policies = Policies(settings, coordinator, gate, metrics)
-        policies_box.append(policies)
+        gate.on_held_while_sleeping = policies.request_held_while_sleeping
         app[GATE] = gate
         app[COORDINATOR] = coordinator
         app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
         stop = asyncio.Event()
-        loop_task = spawn(reconcile_loop(coordinator, policies, settings.reconcile_interval_s, stop), name="reconcile")
+        loop_task = tasks.spawn(
+            reconcile_loop(coordinator, policies, settings.reconcile_interval_s, stop), name="reconcile"
+        )
         yield
         stop.set()
         await loop_task
+        await tasks.close()  # a lifecycle call or policy action still running ends here, not after the loop
         await session.close()
 
     return context
@@ -140,5 +142,4 @@ def _report_memory(metrics: Metrics, reading: GpuReading) -> None:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    app[SHUTTING_DOWN].append(True)
     app[COORDINATOR].close()

@@ -33,7 +33,7 @@ from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
 from .record import EngineRecord, FailureKind
 from .rules import Defer, Noop, Refuse, Staleness, admission, control_refusal, judge, wake_targets
 from .states import State
-from .tasks import spawn
+from .tasks import Tasks
 from .upstream import Reply, VllmClient
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
@@ -71,9 +71,16 @@ def _from_vllm(reply: Reply, verdict: Verdict | None, **extra: Any) -> Outcome:
 
 class LifecycleCoordinator:
     def __init__(
-        self, settings: Settings, client: VllmClient, verifier: Verifier, gate: RequestGate, metrics: Metrics
+        self,
+        settings: Settings,
+        client: VllmClient,
+        verifier: Verifier,
+        gate: RequestGate,
+        metrics: Metrics,
+        tasks: Tasks | None = None,
     ) -> None:
         self._settings = settings
+        self.tasks = tasks or Tasks()
         self._client = client
         self._verifier = verifier
         self._gate = gate
@@ -81,7 +88,7 @@ class LifecycleCoordinator:
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
         self.record = EngineRecord(metrics, self._refresh_gate, on_weights_changed=verifier.forget_golden)
-        self._calls = EngineCalls(settings, client, verifier, self.record)
+        self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self._refresh_gate()
@@ -134,7 +141,7 @@ class LifecycleCoordinator:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_mark_retrieved)
         self._pending[call.key] = future
-        spawn(self._serialized(call, future), name=f"lifecycle:{call.op}")
+        self.tasks.spawn(self._serialized(call, future), name=f"lifecycle:{call.op}")
         return await asyncio.shield(future)
 
     async def _serialized(self, call: LifecycleCall, future: asyncio.Future[Outcome]) -> None:

@@ -17,15 +17,18 @@ from .errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from .probes import Verifier
 from .record import EngineRecord
 from .states import State
-from .tasks import spawn
+from .tasks import Tasks
 from .upstream import Reply, VllmClient
 
 T = TypeVar("T")
 
 
 class EngineCalls:
-    def __init__(self, settings: Settings, client: VllmClient, verifier: Verifier, record: EngineRecord) -> None:
+    def __init__(
+        self, settings: Settings, client: VllmClient, verifier: Verifier, record: EngineRecord, tasks: Tasks
+    ) -> None:
         self._settings = settings
+        self._tasks = tasks
         self._client = client
         self._verifier = verifier
         self._record = record
@@ -55,7 +58,7 @@ class EngineCalls:
     async def _watching(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work`, but give up as soon as vLLM's /health says the engine is gone: a utility call in
         flight when the engine dies is never completed by vLLM (#57853), it would hang to its deadline."""
-        task = spawn(work, name="lifecycle:upstream")
+        task = self._tasks.spawn(work, name="lifecycle:upstream")
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self._settings.reconcile_interval_s)

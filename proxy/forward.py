@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -81,12 +81,18 @@ _URL_CACHE_SIZE = 256
 
 
 class Forwarder:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, on_latency: object = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        on_latency: Callable[[float], None] | None = None,
+    ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
         origin = URL(self._base).origin()
         self._upstream_origins = (str(origin), f"{origin.scheme}://{origin.raw_host}:{origin.port}")
-        self._on_latency = on_latency if callable(on_latency) else None
+        self._on_latency = on_latency
         # Parsing the upstream URL is a visible share of a request's cost; inference traffic uses a
         # handful of paths, so the parsed URLs are kept (bounded: query strings make paths unbounded).
         self._urls: dict[str, URL] = {}
@@ -165,7 +171,7 @@ class Forwarder:
                     break
                 await response.write(chunk)
             if broke is not None:
-                request.app.logger.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
+                log.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
                 request[STREAM_BROKEN] = True
                 if is_sse:
                     await response.write(sse_error_event(broke))

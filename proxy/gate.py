@@ -50,14 +50,14 @@ class RequestGate:
         hold_timeout_s: float,
         max_held_bytes: int | None = None,
         on_hold_ended: Callable[[str, float], None] = lambda outcome, seconds: None,
-        on_held_while_sleeping: Callable[[], None] = lambda: None,
     ) -> None:
         self._max_held = max_held
         self._max_held_bytes = max_held_bytes
         self._held_bytes = 0
         self._hold_timeout_s = hold_timeout_s
         self._on_hold_ended = on_hold_ended
-        self._on_held_while_sleeping = on_held_while_sleeping
+        # Set by the wake-on-request policy, which is built after the gate.
+        self.on_held_while_sleeping: Callable[[], None] = lambda: None
         self._admission = Admission.HOLD
         self._sleeping = False
         self._held: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -99,6 +99,11 @@ class RequestGate:
             asyncio.get_running_loop().call_soon(self._release_batch)
 
     @property
+    def closed(self) -> bool:
+        """Shutting down: held requests were answered 503 and new ones are refused."""
+        return self._closed is not None
+
+    @property
     def held_bytes(self) -> int:
         return self._held_bytes
 
@@ -135,7 +140,7 @@ class RequestGate:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._held.append(waiter)
         if self._sleeping:
-            self._on_held_while_sleeping()
+            self.on_held_while_sleeping()
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._hold_timeout_s):

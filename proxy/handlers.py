@@ -47,7 +47,6 @@ COORDINATOR = web.AppKey("coordinator", LifecycleCoordinator)
 GATE = web.AppKey("gate", RequestGate)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", Metrics)
-SHUTTING_DOWN = web.AppKey("shutting_down", list)
 ROUTES = web.AppKey("routes", RouteTable)
 UNKNOWN_ROUTES = web.AppKey("unknown_routes", UnknownRoutes)
 
@@ -113,7 +112,7 @@ async def readyz(request: web.Request) -> web.Response:
     """Ready while we can serve or hold: a sleeping engine keeps the pod ready; a failed, never-started
     or shutting-down one does not."""
     current = request.app[COORDINATOR].state
-    ready = current not in (State.FAILED, State.STARTING) and not request.app[SHUTTING_DOWN]
+    ready = current not in (State.FAILED, State.STARTING) and not request.app[GATE].closed
     return web.json_response({"ready": ready, "state": current.value}, status=200 if ready else 503)
 
 

@@ -18,8 +18,8 @@ from .coordinator import LifecycleCoordinator
 from .errors import LifeguardError
 from .gate import RequestGate
 from .metrics import Metrics
+from .rules import Staleness
 from .states import State
-from .tasks import spawn
 
 log = logging.getLogger("lifeguard.policy")
 
@@ -37,10 +37,10 @@ class Policies:
         if self._settings.on_sleeping != "wake":
             return
         view = self._coordinator.record.view()
-        if view.state is not State.SLEEPING or view.weights_stale == "discarded":
+        if view.state is not State.SLEEPING or view.weights_stale is Staleness.DISCARDED:
             return
         self._metrics.policy_action("wake_on_request")
-        spawn(self._run(LifecycleCall("wake_up")), name="policy:wake_on_request")
+        self._coordinator.tasks.spawn(self._run(LifecycleCall("wake_up")), name="policy:wake_on_request")
 
     def tick(self, now: float) -> None:
         """Called by the reconcile loop each round."""
@@ -52,7 +52,7 @@ class Policies:
         level = self._settings.idle_sleep_level
         self._metrics.policy_action("idle_sleep")
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
-        spawn(self._run(call), name="policy:idle_sleep")
+        self._coordinator.tasks.spawn(self._run(call), name="policy:idle_sleep")
 
     async def _run(self, call: LifecycleCall) -> None:
         try:

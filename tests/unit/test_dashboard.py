@@ -101,3 +101,14 @@ def test_the_issue_s_panels_are_all_there():
         "proxy request latency",
     ):
         assert words in titles, words
+
+
+def test_the_state_timeline_names_every_state_of_the_machine_in_order() -> None:
+    """The timeline maps lifeguard_state to a code per state, in the machine's order; a state added to the
+    machine and not to the dashboard would show as another state, not as no data."""
+    from proxy.states import State
+
+    panel = next(p for p in panels() if "(lifeguard_state)" in p.get("description", ""))
+    options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    named = [options[code]["text"] for code in sorted(options, key=int)]
+    assert named == [s.value for s in State]
