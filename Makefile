@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-deploy test-observability chaos bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-deploy test-image test-observability chaos bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,9 @@ test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~
 
 test-deploy: setup  ## Dockerfile, k8s manifests, config and trainer guides
 	bash scripts/check-deploy.sh
+
+test-image: setup  ## podman builds and runs the image; the k8s pod runs around a real vLLM-for-CPU (~10 min cold)
+	bash scripts/test-image.sh
 
 test-observability: setup  ## real Prometheus scraping the proxy; every panel and alert has data
 	bash scripts/check-observability.sh

@@ -46,7 +46,7 @@ if [[ ! -f $tarball ]]; then
     tar -C "$rootfs" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
 fi
 log "importing $tarball"
-podman import --change "LABEL lifeguard.base-key=$key" --change 'CMD ["python3"]' \
+podman import --quiet --change "LABEL lifeguard.base-key=$key" --change 'CMD ["python3"]' \
     --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     "$tarball" "$LOCAL" >/dev/null
 echo "$LOCAL"

@@ -146,15 +146,19 @@ class Client:
         state: dict[str, Any] = response.body
         return state
 
-    def wait_state(self, wanted: str, timeout: float, check: Callable[[dict[str, Any]], bool] = lambda s: True) -> dict[str, Any]:
+    def wait_state(
+        self, wanted: str, timeout: float, check: Callable[[dict[str, Any]], bool] = lambda s: True
+    ) -> dict[str, Any]:
         return wait_for(
             f"lifeguard state {wanted}",
-            lambda: (s if (s := self.state())["state"] == wanted and check(s) else None),
+            lambda: s if (s := self.state())["state"] == wanted and check(s) else None,
             timeout,
         )
 
     def wait_held(self, count: int, timeout: float = 10) -> dict[str, Any]:
-        return wait_for(f"{count} held request(s)", lambda: (s if (s := self.state())["held_requests"] == count else None), timeout)
+        return wait_for(
+            f"{count} held request(s)", lambda: s if (s := self.state())["held_requests"] == count else None, timeout
+        )
 
 
 def completion_body(model: str = "tiny", max_tokens: int = 4) -> dict[str, Any]:

@@ -69,7 +69,9 @@ def start_sim(containers: Containers, gpu_dir: Path) -> int:
     return port
 
 
-def start_proxy(containers: Containers, gpu_dir: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str, Client, float]:
+def start_proxy(
+    containers: Containers, gpu_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[str, Client, float]:
     """Returns the container, a client, and the seconds from `podman run` until /lifeguard/readyz is 200."""
     if env is None:
         # The port through LIFEGUARD_PORT, not --port: the image's HEALTHCHECK probes $LIFEGUARD_PORT.
@@ -79,7 +81,9 @@ def start_proxy(containers: Containers, gpu_dir: Path, *args: str, env: dict[str
     t0 = time.monotonic()
     name = containers.run("proxy", *args, env=env, volumes=(f"{gpu_dir}:/gpu:ro",))
     client = Client(port)
-    wait_for("the proxy's /lifeguard/readyz", lambda: client.get("/lifeguard/readyz", timeout=2).status == 200, timeout=60)
+    wait_for(
+        "the proxy's /lifeguard/readyz", lambda: client.get("/lifeguard/readyz", timeout=2).status == 200, timeout=60
+    )
     return name, client, time.monotonic() - t0
 
 
