@@ -120,6 +120,10 @@ rc_pod=$?
 rm -f "$pod_yaml"
 phase "pod tests"
 
+# Keep the cache bounded: earlier builds' layers and the pod's ConfigMap volumes.
+podman image prune -f >/dev/null 2>&1
+podman volume prune -f >/dev/null 2>&1
+
 size=$(podman image inspect --format '{{.Size}}' "$LIFEGUARD_IMAGE")
 log "image $LIFEGUARD_IMAGE: $((size / 1000000)) MB, built in ${build_s}s from $base"
 log "figures: $(tr -d '{}"' <"$LIFEGUARD_IMAGE_REPORT" | paste -sd' ')"
