@@ -120,8 +120,8 @@ rc_pod=$?
 rm -f "$pod_yaml"
 phase "pod tests"
 
-# Keep the cache bounded: earlier builds' layers and the pod's ConfigMap volumes.
-podman image prune -f >/dev/null 2>&1
+# Keep the cache bounded: week-old leftovers of earlier builds, and the pod's ConfigMap volumes.
+podman image prune -f --filter until=168h >/dev/null 2>&1  # older than a week: recent builds stay as layer cache
 podman volume prune -f >/dev/null 2>&1
 
 size=$(podman image inspect --format '{{.Size}}' "$LIFEGUARD_IMAGE")
