@@ -32,6 +32,7 @@ ENV PATH=/opt/lifeguard/bin:${PATH} \
 USER 10001:10001
 EXPOSE 8080
 # Liveness only: the proxy's own loop answers, whatever vLLM is doing (python, because slim has no curl).
+# It probes $LIFEGUARD_PORT: set the port with that variable, not `serve --port` (make test-image).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/lifeguard/healthz' % os.environ.get('LIFEGUARD_PORT', '8080'), timeout=2)"]
 ENTRYPOINT ["vllm-lifeguard"]

@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-deploy test-clients test-observability chaos bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-deploy test-clients test-image test-observability chaos bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,9 @@ test-deploy: setup  ## Dockerfile, k8s manifests, config and trainer guides
 
 test-clients: setup  ## the trainers' own client code (SkyRL, TRL, AReaL, openai SDK) through the proxy
 	bash scripts/test-clients.sh
+
+test-image: setup  ## podman builds and runs the image; the k8s pod runs around a real vLLM-for-CPU (~10 min cold)
+	bash scripts/test-image.sh
 
 test-observability: setup  ## real Prometheus scraping the proxy; every panel and alert has data
 	bash scripts/check-observability.sh
