@@ -13,6 +13,9 @@ WORKDIR /src
 RUN python -m venv /opt/lifeguard
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
+# The simulator ships too (about 100 KB of Python): it lets the image be tried and black-box tested with no
+# vLLM (`vllm-lifeguard sim`, `serve --upstream sim`); `serve` guards it only when told to.
+COPY lifeguard_sim ./lifeguard_sim
 # Every runtime dependency ships manylinux wheels for CPython 3.11, so no compiler is needed even here.
 RUN /opt/lifeguard/bin/pip install --no-cache-dir --only-binary=:all: --no-binary=vllm-lifeguard . \
  && /opt/lifeguard/bin/pip uninstall --yes pip setuptools \
