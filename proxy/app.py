@@ -24,6 +24,7 @@ from .handlers import (
     COORDINATOR,
     FORWARDER,
     GATE,
+    INFLIGHT,
     METRICS,
     SETTINGS,
     SHUTTING_DOWN,
@@ -33,6 +34,7 @@ from .handlers import (
     readyz,
     state,
 )
+from .inflight import InFlightRequests
 from .metrics import Metrics
 from .policies import Policies
 from .probes import Verifier
@@ -111,10 +113,12 @@ def _engine_context(settings: Settings, metrics: Metrics, gpu: GpuMemoryReader):
             on_held_while_sleeping=lambda: policies_box[0].request_held_while_sleeping(),
         )
         metrics.watch_counts(lambda: gate.held, lambda: gate.inflight)
-        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics)
+        inflight = InFlightRequests()
+        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, inflight)
         policies = Policies(settings, coordinator, gate, metrics)
         policies_box.append(policies)
         app[GATE] = gate
+        app[INFLIGHT] = inflight
         app[COORDINATOR] = coordinator
         app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
         stop = asyncio.Event()

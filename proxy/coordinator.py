@@ -27,6 +27,7 @@ from .engine_calls import EngineCalls
 from .errors import LifecycleBusy, LifeguardError, UpstreamError, VerificationFailed
 from .gate import RequestGate
 from .gpu import GpuReading
+from .inflight import InFlightRequests
 from .metrics import Metrics
 from .probes import Expectation, Verdict, Verifier
 from .record import EngineRecord
@@ -56,16 +57,28 @@ def _json_result(body: dict[str, Any], outcome: str, **headers: str) -> OpResult
 
 class LifecycleCoordinator:
     def __init__(
-        self, settings: Settings, client: VllmClient, verifier: Verifier, gate: RequestGate, metrics: Metrics
+        self,
+        settings: Settings,
+        client: VllmClient,
+        verifier: Verifier,
+        gate: RequestGate,
+        metrics: Metrics,
+        inflight: InFlightRequests | None = None,
     ) -> None:
         self._settings = settings
+        self.inflight = inflight if inflight is not None else InFlightRequests()
         self._client = client
         self._verifier = verifier
         self._gate = gate
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[OpResult]] = {}
-        self.record = EngineRecord(metrics, self._refresh_gate, on_weights_changed=verifier.forget_golden)
+        self.record = EngineRecord(
+            metrics,
+            self._refresh_gate,
+            on_weights_changed=verifier.forget_golden,
+            on_weights_discarded=self._end_requests_sent_for_the_old_weights,
+        )
         self._calls = EngineCalls(settings, client, verifier, self.record)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
@@ -146,7 +159,10 @@ class LifecycleCoordinator:
         try:
             return await self._execute(call)
         finally:
-            self._lock.release()
+            try:
+                await self.inflight.wait_aborted()  # before the next call (a wake) may reach vLLM
+            finally:
+                self._lock.release()
 
     async def _timed(self, call: LifecycleCall, work: Awaitable[OpResult]) -> OpResult:
         started = time.monotonic()
@@ -327,6 +343,7 @@ class LifecycleCoordinator:
             if await self._healed(obs, memory):
                 return
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
+            await self.inflight.wait_aborted()
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
@@ -345,6 +362,10 @@ class LifecycleCoordinator:
         self.record.healed(obs)
         self._verifier.note_awake(memory)
         return True
+
+    def _end_requests_sent_for_the_old_weights(self) -> None:
+        # Counted per request as the inference outcome `aborted_by_sleep`.
+        self.inflight.abort_all("the engine discarded its weights (a level-2 sleep) before this request ran")
 
     def close(self) -> None:
         self._gate.close()

@@ -35,12 +35,15 @@ class EngineRecord:
         metrics: Metrics,
         on_view_change: Callable[[], None],
         on_weights_changed: Callable[[], None] = lambda: None,
+        on_weights_discarded: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
-        initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply."""
+        initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply.
+        `on_weights_discarded`: vLLM holds no valid weights (a level-2 sleep): what it queued must not run."""
         self._metrics = metrics
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
+        self._on_weights_discarded = on_weights_discarded
         self.sleep_level: int | None = None
         self.asleep_tags: frozenset[str] = frozenset()
         self.sleep_unconfirmed = False
@@ -81,6 +84,12 @@ class EngineRecord:
         self.asleep_tags = asleep_tags_for(level)
         self.sleep_unconfirmed = not confirmed
         if level == 2:
+            self.discarded()
+
+    def discarded(self) -> None:
+        """vLLM's weights are gone (a level-2 sleep, seen or adopted) until they are loaded again."""
+        self._on_weights_discarded()
+        if self.weights_stale != "discarded":
             self.mark_stale("discarded")
 
     def mark_stale(self, reason: str) -> None:
@@ -128,6 +137,8 @@ class EngineRecord:
             if self.sleep_level != level or not self.asleep_tags:
                 self.sleep_level = level
                 self.asleep_tags = asleep_tags_for(level)
+            if level == 2:  # a level-2 sleep we did not make (or whose answer we lost): same as our own
+                self.discarded()
             self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
@@ -141,8 +152,10 @@ class EngineRecord:
             self.settle(State.PAUSED)
         else:
             if not self.asleep_tags:
+                # Asleep at a level neither our record nor vLLM's gauge tells: the weights may be discarded.
                 self.sleep_level = self.sleep_level if self.sleep_level is not None else 1
                 self.asleep_tags = asleep_tags_for(self.sleep_level)
+                self.discarded()
             self.settle(State.SLEEPING)
 
     def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.sim import routes_info, routes_lifecycle, routes_openai
 from proxy.sim.engine import Engine
-from proxy.sim.errors import EngineGone, EngineHTTPError
+from proxy.sim.errors import ClientLeft, EngineGone, EngineHTTPError
 from proxy.sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
 from proxy.sim.responses import json_response
 from proxy.sim.settings import SimSettings
@@ -39,6 +39,8 @@ async def _lifeline(request: web.Request, handler: Handler) -> web.StreamRespons
         # Nothing reaches the caller: its connection was reset.
         reset_connection(request)
         return web.Response(status=500)
+    except ClientLeft:
+        return web.Response(status=499)  # written to a closed connection: never read
     except EngineHTTPError as exc:
         return json_response(exc.body, status=exc.status)
     except web.HTTPNotFound:
