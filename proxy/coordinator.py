@@ -28,6 +28,7 @@ from .errors import LifecycleBusy, LifeguardError, UpstreamError, VerificationFa
 from .gate import RequestGate
 from .gpu import GpuReading
 from .inflight import InFlightRequests
+from .memo import Memo, StateMemo
 from .metrics import Metrics
 from .probes import Expectation, Verdict, Verifier
 from .record import EngineRecord
@@ -67,6 +68,7 @@ class LifecycleCoordinator:
     ) -> None:
         self._settings = settings
         self.inflight = inflight if inflight is not None else InFlightRequests()
+        self._memo = StateMemo(settings.state_file)
         self._client = client
         self._verifier = verifier
         self._gate = gate
@@ -82,6 +84,12 @@ class LifecycleCoordinator:
         self._calls = EngineCalls(settings, client, verifier, self.record)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
+        previous = self._memo.load()
+        if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
+            log.warning("state file read: %s", previous, extra={"event": "memo_loaded"})
+            self.record.user_pause = previous.user_pause
+            if previous.weights_stale is not None:
+                self.record.mark_stale(previous.weights_stale)
         self._refresh_gate()
 
     @property
@@ -162,6 +170,7 @@ class LifecycleCoordinator:
             try:
                 await self.inflight.wait_aborted()  # before the next call (a wake) may reach vLLM
             finally:
+                self._remember()
                 self._lock.release()
 
     async def _timed(self, call: LifecycleCall, work: Awaitable[OpResult]) -> OpResult:
@@ -230,6 +239,8 @@ class LifecycleCoordinator:
             self._metrics.policy_action("drain_before_sleep")
             drained = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             headers["X-Lifeguard-Drained"] = "complete" if drained else f"timeout; {self._gate.inflight} aborted"
+        if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
+            self._memo.save(Memo("discarded", self.record.user_pause))
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory="freed" if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
@@ -377,6 +388,11 @@ class LifecycleCoordinator:
             hold_while_restarted=self._settings.hold_while_weights_stale,
         )
         self._gate.set_admission(decision, sleeping=self.state is State.SLEEPING)
+        self._remember()
+
+    def _remember(self) -> None:
+        if self._memo.enabled:
+            self._memo.save(Memo(self.record.weights_stale, self.record.user_pause))
 
 
 def _reply_result(reply: Reply, verdict: Verdict | None, headers: dict[str, str] | None = None) -> OpResult:
