@@ -301,7 +301,7 @@ def report(
 
     print("\n=== chaos figures ===")
     print(f"chaos phase            {seconds:.0f} s, seed {args.seed}")
-    print(f"requests sent/ended    {tally.sent} / {tally.ended}  (the last proxy counted {counted:.0f} reaching a handler)")
+    print(f"requests sent/ended    {tally.sent} / {tally.ended}  (last proxy: {counted:.0f} reached a handler)")
     print(f"  outcomes             {dict(sorted(outcomes.items()))}")
     print(f"  ok latency           p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms, max "
           f"{(latencies[-1] if latencies else 0) * 1000:.0f} ms")  # fmt: skip
