@@ -79,7 +79,9 @@ class LifecycleCoordinator:
             metrics,
             self._refresh_gate,
             on_weights_changed=verifier.forget_golden,
-            on_weights_discarded=self._end_requests_sent_for_the_old_weights,
+            on_weights_discarded=lambda: self.end_forwarded_requests(
+                "the engine discarded its weights (a level-2 sleep) before this request ran"
+            ),
         )
         self._calls = EngineCalls(settings, client, verifier, self.record)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
@@ -374,9 +376,10 @@ class LifecycleCoordinator:
         self._verifier.note_awake(memory)
         return True
 
-    def _end_requests_sent_for_the_old_weights(self) -> None:
-        # Counted per request as the inference outcome `aborted_by_sleep`.
-        self.inflight.abort_all("the engine discarded its weights (a level-2 sleep) before this request ran")
+    def end_forwarded_requests(self, why: str) -> None:
+        """End every request forwarded and not answered yet (503 `aborted_by_sleep`), for any call after which
+        what vLLM queued would not run as it was sent; call it under the lock, so the next call waits for it."""
+        self.inflight.abort_all(why)
 
     def close(self) -> None:
         self._gate.close()
