@@ -15,7 +15,7 @@ from aiohttp import web
 
 from lifeguard_sim import routes_generate, routes_info, routes_lifecycle, routes_lora, routes_openai, trainer_servers
 from lifeguard_sim.engine import Engine
-from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.errors import ClientLeft, EngineGone, EngineHTTPError
 from lifeguard_sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
 from lifeguard_sim.responses import json_response
 from lifeguard_sim.settings import SimSettings
@@ -39,6 +39,8 @@ async def _lifeline(request: web.Request, handler: Handler) -> web.StreamRespons
         # Nothing reaches the caller: its connection was reset.
         reset_connection(request)
         return web.Response(status=500)
+    except ClientLeft:
+        return web.Response(status=499)  # written to a closed connection: never read
     except EngineHTTPError as exc:
         return json_response(exc.body, status=exc.status)
     except web.HTTPNotFound:

@@ -28,6 +28,10 @@ class EngineGone(Exception):
     """The simulated process is gone (crashed, watchdog exit, or shutting down): no answer at all."""
 
 
+class ClientLeft(Exception):
+    """The caller disconnected before its request reached the engine; nobody is left to answer."""
+
+
 def openai_error(message: str, err_type: str, code: int, param: str | None = None) -> Body:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from lifeguard_sim import errors
 from lifeguard_sim.engine import Engine
-from lifeguard_sim.errors import EngineGone
+from lifeguard_sim.errors import ClientLeft, EngineGone
 from lifeguard_sim.faults import Fired
 from lifeguard_sim.scheduler import SimRequest
 from lifeguard_sim.textgen import Quality, Token, TokenStream
@@ -36,6 +36,9 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
     """The request reaches the engine; from here on it is tracked, and held while the scheduler is paused."""
     set_out = time.time()
     fired = await engine.enter("generate")  # a slow fault delays the arrival itself
+    if req.client_gone():
+        # vLLM cancels a handler whose client disconnected before it added the request: it never arrives.
+        raise ClientLeft
     # Checked on arrival at the scheduler, after any delay: a request that set out while the engine was
     # awake but arrives once a sleep has begun is in transit, and must be seen as such.
     if engine.asleep_tags or engine.is_paused:
@@ -73,6 +76,10 @@ async def generate(
                 return
             if engine.errored:
                 raise errors.engine_dead()
+            if not engine.weights_valid and not req.ran_on_invalid_weights:
+                # A request frozen by `mode=keep` (or queued) across a level-2 sleep steps on after the wake.
+                req.ran_on_invalid_weights = True
+                engine.violate("generate_with_invalid_weights", f"{req.request_id} ran on discarded weights")
             token = stream.next(_quality(engine))
             req.produced += 1
             sched.stats.generation_tokens += 1
@@ -93,8 +100,6 @@ def _check_run_safety(engine: Engine, req: SimRequest) -> None:
     if engine.executor_tags:
         asleep = sorted(engine.executor_tags)
         engine.violate("generate_ran_while_asleep", f"{req.request_id} ran with {asleep} asleep")
-    if not engine.weights_valid:
-        engine.violate("generate_with_invalid_weights", f"{req.request_id} ran on discarded weights")
 
 
 def _quality(engine: Engine) -> Quality:

@@ -14,6 +14,9 @@ class LiveRequests:
         # Keyed by id(): aiohttp requests are mutable mappings, hence unhashable.
         self._requests: dict[int, web.BaseRequest] = {}
 
+    def __len__(self) -> int:
+        return len(self._requests)
+
     def add(self, request: web.BaseRequest) -> None:
         self._requests[id(request)] = request
 

@@ -38,6 +38,7 @@ class SimRequest:
     produced: int = 0
     finish_reason: str | None = None
     finished: bool = False
+    ran_on_invalid_weights: bool = False
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .handlers import (
     COORDINATOR,
     FORWARDER,
     GATE,
+    INFLIGHT,
     METRICS,
     ROUTES,
     SETTINGS,
@@ -34,6 +35,7 @@ from .handlers import (
     readyz,
     state,
 )
+from .inflight import InFlightRequests
 from .metrics import Metrics
 from .policies import Policies
 from .probes import Verifier
@@ -116,10 +118,12 @@ def _engine_context(
         )
         metrics.watch_counts(lambda: gate.held, lambda: gate.inflight)
         tasks = Tasks()
-        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, tasks)
+        inflight = InFlightRequests()
+        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, tasks, inflight)
         policies = Policies(settings, coordinator, gate, metrics)
         gate.on_held_while_sleeping = policies.request_held_while_sleeping
         app[GATE] = gate
+        app[INFLIGHT] = inflight
         app[COORDINATOR] = coordinator
         app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
         stop = asyncio.Event()

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # --- between calls
     reconcile_interval_s: float = Field(default=2.0, gt=0)
     hold_while_weights_stale: bool = False
+    # Where the proxy keeps what vLLM cannot be asked for (weights discarded, a pause to re-apply), so that a
+    # restarted proxy does not forget it; put it on a volume that outlives the container (an emptyDir).
+    state_file: str | None = None
 
     # --- operating policies
     on_sleeping: OnSleeping = "hold"

@@ -27,6 +27,8 @@ from .engine_calls import EngineCalls
 from .errors import LifecycleBusy, LifeguardError, UpstreamError, UpstreamRejected, VerificationFailed
 from .gate import RequestGate
 from .gpu import GpuReading
+from .inflight import InFlightRequests
+from .memo import Memo, StateMemo
 from .metrics import Metrics
 from .observation import Observation
 from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
@@ -78,19 +80,36 @@ class LifecycleCoordinator:
         gate: RequestGate,
         metrics: Metrics,
         tasks: Tasks | None = None,
+        inflight: InFlightRequests | None = None,
     ) -> None:
         self._settings = settings
         self.tasks = tasks or Tasks()
+        self.inflight = inflight if inflight is not None else InFlightRequests()
+        self._memo = StateMemo(settings.state_file)
         self._client = client
         self._verifier = verifier
         self._gate = gate
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
-        self.record = EngineRecord(metrics, self._refresh_gate, on_weights_changed=verifier.forget_golden)
+        self.record = EngineRecord(
+            metrics,
+            self._refresh_gate,
+            on_weights_changed=verifier.forget_golden,
+            on_weights_discarded=lambda: self.end_forwarded_requests(
+                "the engine discarded its weights (a level-2 sleep) before this request ran"
+            ),
+        )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
+        previous = self._memo.load()
+        if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
+            log.warning("state file read: %s", previous, extra={"event": "memo_loaded"})
+            if previous.user_pause is not None:
+                self.record.paused_by_user(previous.user_pause)
+            if previous.weights_stale is not None:
+                self.record.mark_stale(previous.weights_stale)
         self._refresh_gate()
 
     @property
@@ -168,7 +187,11 @@ class LifecycleCoordinator:
         try:
             return await self._execute(call)
         finally:
-            self._lock.release()
+            try:
+                await self.inflight.wait_aborted()  # before the next call (a wake) may reach vLLM
+            finally:
+                self._remember()
+                self._lock.release()
 
     async def _timed(self, call: LifecycleCall, work: Awaitable[Outcome]) -> Outcome:
         started = time.monotonic()
@@ -267,6 +290,8 @@ class LifecycleCoordinator:
             self._metrics.policy_action("drain_before_sleep")
             idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
+        if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
+            self._memo.save(Memo(Staleness.DISCARDED, self.record.user_pause))
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
@@ -404,6 +429,7 @@ class LifecycleCoordinator:
             if await self._healed(obs, memory):
                 return
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
+            await self.inflight.wait_aborted()
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
@@ -424,6 +450,11 @@ class LifecycleCoordinator:
         self._verifier.note_awake(memory)
         return True
 
+    def end_forwarded_requests(self, why: str) -> None:
+        """End every request forwarded and not answered yet (503 `aborted_by_sleep`), for any call after which
+        what vLLM queued would not run as it was sent; call it under the lock, so the next call waits for it."""
+        self.inflight.abort_all(why)
+
     def close(self) -> None:
         self._gate.close()
 
@@ -434,6 +465,11 @@ class LifecycleCoordinator:
             hold_while_restarted=self._settings.hold_while_weights_stale,
         )
         self._gate.set_admission(decision, sleeping=self.state is State.SLEEPING)
+        self._remember()
+
+    def _remember(self) -> None:
+        if self._memo.enabled:
+            self._memo.save(Memo(self.record.weights_stale, self.record.user_pause))
 
 
 def _outcome_of(error: LifeguardError) -> str:

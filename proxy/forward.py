@@ -21,6 +21,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .errors import UpstreamUnreachable
+from .inflight import InFlight
 
 log = logging.getLogger("lifeguard.forward")
 STREAM_BROKEN = web.RequestKey("stream_broken", bool)
@@ -115,9 +116,11 @@ class Forwarder:
         *,
         extra_headers: Mapping[str, str] | None = None,
         drop_headers: frozenset[str] = frozenset(),
+        inflight: InFlight | None = None,
     ) -> web.StreamResponse:
         """Send `request` to vLLM at `raw_target` (origin-form path and query, as classified), with its
-        already-read `body`, and relay the answer."""
+        already-read `body`, and relay the answer; `inflight` is told when a stream starts and when vLLM's
+        answer is complete."""
         method = request.method
         started = time.monotonic()
         try:
@@ -132,7 +135,7 @@ class Forwarder:
             async with upstream_cm as upstream:
                 if self._on_latency is not None:
                     self._on_latency(time.monotonic() - started)
-                return await self._relay(request, upstream, extra_headers)
+                return await self._relay(request, upstream, extra_headers, inflight)
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise UpstreamUnreachable(f"vLLM could not be reached: {exc}") from exc
         except aiohttp.ConnectionTimeoutError as exc:
@@ -145,6 +148,7 @@ class Forwarder:
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         extra_headers: Mapping[str, str] | None,
+        inflight: InFlight | None = None,
     ) -> web.StreamResponse:
         headers = end_to_end(upstream.headers)
         if extra_headers:
@@ -156,9 +160,13 @@ class Forwarder:
         is_sse = "text/event-stream" in upstream.headers.get("Content-Type", "").lower()
         if upstream.content_length is not None and not is_sse:
             payload = await upstream.read()
+            if inflight is not None:
+                inflight.finished_upstream()
             return web.Response(status=upstream.status, reason=upstream.reason, body=payload, headers=headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await response.prepare(request)
+        if inflight is not None:
+            inflight.started_stream(response, is_sse=is_sse)
         broke: str | None = None
         try:
             while True:
@@ -168,6 +176,8 @@ class Forwarder:
                     broke = f"the upstream stream broke: {exc!r}"
                     break
                 if not chunk:
+                    if inflight is not None:
+                        inflight.finished_upstream()
                     break
                 await response.write(chunk)
             if broke is not None:

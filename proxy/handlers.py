@@ -33,6 +33,7 @@ from .errors import (
 )
 from .forward import STREAM_BROKEN, Forwarder
 from .gate import RequestGate
+from .inflight import STREAM_ABORTED, AbortedBySleep, InFlightRequests
 from .metrics import Metrics
 from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .rules import control_refusal
@@ -45,6 +46,7 @@ log = logging.getLogger("lifeguard.http")
 SETTINGS = web.AppKey("settings", Settings)
 COORDINATOR = web.AppKey("coordinator", LifecycleCoordinator)
 GATE = web.AppKey("gate", RequestGate)
+INFLIGHT = web.AppKey("inflight", InFlightRequests)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", Metrics)
 ROUTES = web.AppKey("routes", RouteTable)
@@ -251,10 +253,18 @@ async def _inference(request: web.Request, target: Target, body: bytes) -> web.S
         raise
     try:
         extra = _STALE_HEADER if app[COORDINATOR].weights_stale else None
-        response = await app[FORWARDER].forward(request, target.raw, body, extra_headers=extra)
+        forwarder = app[FORWARDER]
+        response = await app[INFLIGHT].run(
+            request, lambda entry: forwarder.forward(request, target.raw, body, extra_headers=extra, inflight=entry)
+        )
         if request.get(STREAM_BROKEN):
             outcome = "stream_broken"
+        elif request.get(STREAM_ABORTED):
+            outcome = "aborted_by_sleep"
         return response
+    except AbortedBySleep:
+        outcome = "aborted_by_sleep"
+        raise
     except UpstreamError:
         outcome = "upstream_unreachable"
         raise

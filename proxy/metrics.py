@@ -74,6 +74,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
     "upstream_unreachable",
     "stream_broken",
     "body_too_large",
+    "aborted_by_sleep",
 )
 
 #: Which table row a request was classified under.

@@ -46,12 +46,15 @@ class EngineRecord:
         metrics: Metrics,
         on_view_change: Callable[[], None],
         on_weights_changed: Callable[[], None] = lambda: None,
+        on_weights_discarded: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
-        initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply."""
+        initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply.
+        `on_weights_discarded`: vLLM holds no valid weights (a level-2 sleep): what it queued must not run."""
         self._metrics = metrics
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
+        self._on_weights_discarded = on_weights_discarded
         # The facts beside the state, kept where the rules read them; `state` there is filled in by view().
         self._facts = EngineView(State.STARTING)
         # The state a weight update session returns to when it is finished.
@@ -104,6 +107,12 @@ class EngineRecord:
     def fell_asleep(self, level: int, *, confirmed: bool = True) -> None:
         self._set(sleep_level=level, asleep_tags=asleep_tags_for(level), sleep_unconfirmed=not confirmed)
         if level == 2:
+            self.discarded()
+
+    def discarded(self) -> None:
+        """vLLM's weights are gone (a level-2 sleep, seen or adopted) until they are loaded again."""
+        self._on_weights_discarded()
+        if self.weights_stale is not Staleness.DISCARDED:
             self.mark_stale(Staleness.DISCARDED)
 
     def released_kv_cache(self) -> None:
@@ -171,6 +180,8 @@ class EngineRecord:
         elif (level := _gauge_sleep_level(obs, memory_freed)) is not None:
             if self.sleep_level != level or not self.asleep_tags:
                 self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
+            if level == 2:  # a level-2 sleep we did not make (or whose answer we lost): same as our own
+                self.discarded()
             self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS:
             self.settle(State.UPDATING_WEIGHTS)
@@ -183,8 +194,10 @@ class EngineRecord:
             self.settle(State.PAUSED)
         else:
             if not self.asleep_tags:
+                # Asleep at a level neither our record nor vLLM's gauge tells: the weights may be discarded.
                 level = self.sleep_level if self.sleep_level is not None else 1
                 self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
+                self.discarded()
             self.settle(State.SLEEPING)
 
     def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:

@@ -201,7 +201,9 @@ async def client(session: aiohttp.ClientSession, base: str, seed: int, tally: Ta
     while not stop.is_set():
         call = await inference(session, base, rng, tally, deadline_s)
         # A real client honours Retry-After loosely; without a pause the run is mostly instant 503s.
-        await asyncio.sleep(rng.uniform(0.1, 0.4) if call.status == 503 else rng.uniform(0, 0.02))
+        # A refused connection (the proxy restarting) is backed off the same way.
+        backoff = call.status == 503 or call.outcome == "no_answer"
+        await asyncio.sleep(rng.uniform(0.1, 0.4) if backoff else rng.uniform(0, 0.02))
 
 
 # ----- trainers

@@ -196,8 +196,6 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
 STALE_S = 1.0
 
 KNOWN_BUGS = {
-    "in_transit_ran_stale": "a request in transit during a level-2 sleep, queued by vLLM, ran after the wake on "
-    "discarded weights (docs/reliability.md: a design limit, reported to the core)",
     "stale_noop": "a no-op answered within one reconcile round of an engine death (docs/reliability.md)",
     "in_transit": "not a bug: admitted before the pause began, arrived while vLLM paused; vLLM queues it "
     "(docs/reliability.md)",
@@ -209,15 +207,10 @@ KNOWN_BUGS = {
 IN_TRANSIT_S = 0.5
 
 
-def known_violation(violation: dict[str, Any], earlier: list[dict[str, Any]],
-                    pausing: list[tuple[int, str, float, float]]) -> str:  # fmt: skip
+def known_violation(violation: dict[str, Any], pausing: list[tuple[int, str, float, float]]) -> str:
+    # A generation on invalid weights is never excused, also not for a request that arrived in transit
+    # (`in_transit_ran_stale`, issue 20): the proxy ends those before the wake.
     kind = violation["kind"]
-    if kind == "generate_with_invalid_weights":
-        request = str(violation.get("detail", "")).split(" ", 1)[0]
-        for v in earlier:
-            if v["kind"] == "generate_while_asleep_or_paused" and str(v.get("detail", "")).startswith(request + " "):
-                if known_violation(v, [], pausing) == "in_transit":
-                    return "in_transit_ran_stale"
     if kind == "generate_while_asleep_or_paused":
         at, pid = float(violation["at"]), violation.get("pid")
         set_out = float(violation.get("set_out", at))  # reached vLLM's HTTP layer, before any slow fault
@@ -226,11 +219,12 @@ def known_violation(violation: dict[str, Any], earlier: list[dict[str, Any]],
     return ""
 
 
-def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
-    """Why the proxy's settled state disagrees with the simulator's true state, or None."""
+def engine_matches(proxy: dict[str, Any], sim: dict[str, Any], *, session_unknowable: bool = False) -> str | None:
+    """Why the proxy's settled state disagrees with the simulator's true state, or None. `session_unknowable`:
+    a proxy restart cut a weight-update session, and vLLM has no flag that shows one (README)."""
     state = proxy["state"]
     tags = set(sim["asleep_tags"])
-    if bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):
+    if not session_unknowable and bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):
         return f"weight_update_active: proxy {proxy['weight_update_active']}, engine {sim['weight_update_active']}"
     if sim.get("dead"):
         return None if state == "FAILED" else f"engine is dead but the proxy says {state}"
@@ -264,3 +258,25 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any]) -> str | None:
             return f"proxy {state} with tags {proxy['asleep_tags']}, engine tags {sorted(tags)}"
         return None
     return f"proxy not settled: {state}"
+
+
+# ----- proxy restarts (kill -9 of the proxy, a new one on the same port)
+# What the client of an exchange the restart cut sees: a connection error, never an answer.
+CUT_OUTCOMES = frozenset({"no_answer", "dropped_mid_response"})
+
+
+def cut_by_restart(call: Call, downtimes: list[tuple[float, float]]) -> bool:
+    """Whether `call` ended in a connection error while a proxy restart cut or refused it."""
+    if call.outcome not in CUT_OUTCOMES:
+        return False
+    return any(call.t_send <= up and killed <= call.t_end + 0.05 for killed, up in downtimes)
+
+
+def session_cut(calls: list[Call], downtimes: list[tuple[float, float]]) -> bool:
+    """Whether a proxy restart came after a weight-update session may have opened and before one closed."""
+    opened = [c.t_send for c in calls if c.kind in ("start_weight_update", "update_weights")]
+    closed = [c.t_end for c in calls if c.kind == "finish_weight_update" and c.status == 200]
+    for kill, _ in downtimes:
+        if any(t <= kill for t in opened) and not any(t >= kill for t in closed):
+            return True
+    return False

@@ -4,7 +4,8 @@
     python tests/chaos/chaos_run.py --quick                 # the bounded CI run (~90 s)
 
 Processes: the simulator (tests/chaos/sim_process.py: `vllm-lifeguard sim` plus a crash-proof journal)
-under a restarter, and `vllm-lifeguard serve --upstream ... --gpu-probe file:GPUFILE`. Actors: clients
+under a restarter, and `vllm-lifeguard serve --upstream ... --gpu-probe file:GPUFILE`, which is killed -9
+and started again on the same port at random moments (tests/chaos/chaos_proxy.py). Actors: clients
 (streaming and not, some leaving early), trainers (random lifecycle sequences, repeats, out-of-order
 calls, weight-update sessions), a fault injector (every fault kind in turn) and a healer (restarts an
 engine that stays FAILED). Then a quiet settle, a recovery to RUNNING, and the invariants
@@ -19,9 +20,7 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,18 @@ from chaos_actors import (
     sim_state,
     trainer,
 )
-from chaos_checks import BAD_INFERENCE, KNOWN_BUGS, Call, engine_matches, known_violation, read_journal, untruthful
+from chaos_checks import (
+    BAD_INFERENCE,
+    KNOWN_BUGS,
+    Call,
+    cut_by_restart,
+    engine_matches,
+    known_violation,
+    read_journal,
+    session_cut,
+    untruthful,
+)
+from chaos_proxy import ProxySupervisor, proxy_killer
 
 PROXY_ENV = {
     "LIFEGUARD_HOLD_TIMEOUT_S": "5",
@@ -91,8 +101,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
     proxy_port = free_port()
     base = f"http://127.0.0.1:{proxy_port}"
     tally = Tally()
-    proxy_log = open(workdir / "proxy.log", "ab")  # noqa: SIM115
-    proxy: subprocess.Popen[bytes] | None = None
+    proxy: ProxySupervisor | None = None
     stop_restarter = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
@@ -103,8 +112,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         restarter_task = asyncio.create_task(sim.restarter(stop_restarter), name="restarter")
         cmd = [*proxy_command(), "serve", "--upstream", sim.url, "--port", str(proxy_port),
                "--gpu-probe", f"file:{sim.gpu_file}"]  # fmt: skip
-        proxy = subprocess.Popen(cmd, stdout=proxy_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**os.environ, **PROXY_ENV})  # fmt: skip
+        env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
+        proxy = ProxySupervisor(cmd, env, workdir / "proxy.log", base)
+        proxy.start()
 
         async def running() -> bool:
             state = await proxy_state(session, base)
@@ -127,6 +137,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         ]
         chaos.append(asyncio.create_task(fault_injector(session, sim, args.seed, tally, stop_chaos)))
         chaos.append(asyncio.create_task(healer(session, base, sim, tally, stop_chaos)))
+        if args.proxy_restarts:
+            every = (6.0, 15.0) if args.quick else (8.0, 20.0)
+
+            def lifecycle_in_flight() -> bool:
+                return any(c.kind != "inference" and c.outcome == "pending" for c in tally.calls[-300:])
+
+            chaos.append(asyncio.create_task(
+                proxy_killer(session, proxy, args.seed, every, lifecycle_in_flight, stop_chaos)))  # fmt: skip
         progress_every = max(10.0, args.duration / 10)
         next_progress = started + progress_every
         while time.monotonic() - started < args.duration:
@@ -141,7 +159,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         # 1. Quiet: no lifecycle call, no fault; clients go on. The proxy must come to agree with the engine.
         stop_chaos.set()
         await asyncio.wait_for(asyncio.gather(*chaos), LIFECYCLE_DEADLINE_S + 10)
-        settle = await settle_and_compare(session, base, sim)
+        settle = await settle_and_compare(session, base, sim, session_cut(tally.calls, proxy.downtimes))
 
         # 2. Recovery through the proxy's own routes, then traffic must flow again.
         recovered = await recover(session, base, sim, tally)
@@ -171,14 +189,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         stop_restarter.set()
         if restarter_task is not None:
             await restarter_task
-        proxy_rc = stop_process(proxy)
+        proxy_rc = proxy.stop() if proxy is not None else None
         sim.stop()
         await session.close()
-        proxy_log.close()
 
     journal = read_journal(sim.journal)
     return report(args, tally, journal, sim, chaos_seconds, settle, recovered, final_ok, leftover, proxy_rc,
-                  metrics_text, workdir)  # fmt: skip
+                  metrics_text, workdir, proxy.downtimes)  # fmt: skip
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
@@ -189,7 +206,8 @@ async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
         return ""
 
 
-async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: SimSupervisor) -> str | None:
+async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: SimSupervisor,
+                             session_unknowable: bool) -> str | None:  # fmt: skip
     """Poll until the proxy's settled state equals the engine's twice in a row; the mismatch if it never does."""
     await asyncio.sleep(1.0)  # the run's own pacing: let the last reconcile rounds happen
     deadline = time.monotonic() + 20
@@ -198,7 +216,7 @@ async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: Sim
     while time.monotonic() < deadline:
         proxy, engine = await proxy_state(session, base), await sim_state(session, sim)
         if proxy is not None and engine is not None and not proxy["lifecycle_busy"]:
-            problem = engine_matches(proxy, engine)
+            problem = engine_matches(proxy, engine, session_unknowable=session_unknowable)
             if problem is None:
                 agreed += 1
                 if agreed >= 2:
@@ -237,20 +255,6 @@ async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor,
     return False
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None) -> int | None:
-    if proc is None:
-        return None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-            return -9
-    return proc.returncode
-
-
 def metric_sum(text: str, name: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -272,6 +276,7 @@ def report(
     proxy_rc: int | None,
     metrics_text: str,
     workdir: Path,
+    downtimes: list[tuple[float, float]],
 ) -> int:
     inference = [c for c in tally.calls if c.kind == "inference"]
     lifecycle = [c for c in tally.calls if c.kind != "inference"]
@@ -281,8 +286,9 @@ def report(
     proxy_500 = [c for c in tally.calls if c.status == 500 and c.reason]
     known: Counter[str] = Counter()
     proxy_bugs = [c for c in tally.calls if c.reason == "proxy_error"]
-    bad_inference = [c for c in inference if c.outcome in BAD_INFERENCE or c.outcome == "pending"]
-    bad_lifecycle = [c for c in lifecycle if c.outcome not in ("ok", "noop", "proxy_error")]
+    cut = [c for c in tally.calls if cut_by_restart(c, downtimes)]
+    bad_inference = [c for c in inference if (c.outcome in BAD_INFERENCE or c.outcome == "pending") and c not in cut]
+    bad_lifecycle = [c for c in lifecycle if c.outcome not in ("ok", "noop", "proxy_error") and c not in cut]
     checked, lies = untruthful(lifecycle, journal.timeline)
     latencies = sorted(c.t_end - c.t_send for c in inference if c.outcome == "ok")
 
@@ -295,7 +301,7 @@ def report(
 
     print("\n=== chaos figures ===")
     print(f"chaos phase            {seconds:.0f} s, seed {args.seed}")
-    print(f"requests sent/ended    {tally.sent} / {tally.ended}  (proxy counted {counted:.0f} reaching a handler)")
+    print(f"requests sent/ended    {tally.sent} / {tally.ended}  (last proxy: {counted:.0f} reached a handler)")
     print(f"  outcomes             {dict(sorted(outcomes.items()))}")
     print(f"  ok latency           p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms, max "
           f"{(latencies[-1] if latencies else 0) * 1000:.0f} ms")  # fmt: skip
@@ -307,6 +313,9 @@ def report(
     print(f"engine deaths/restarts {len(journal.deaths)} simulated deaths, {sim.restarts} restarts "
           f"(operator kills {dict(tally.kills)})")  # fmt: skip
     print(f"lifecycle 200s checked {checked} against {len(journal.timeline)} engine states")
+    cut_kinds = Counter("inference" if c.kind == "inference" else "lifecycle" for c in cut)
+    print(f"proxy restarts         {len(downtimes)} kill -9 + restart on the same port; calls cut (connection error): "
+          f"{dict(cut_kinds)}")  # fmt: skip
 
     broken: list[str] = []
 
@@ -330,8 +339,8 @@ def report(
     check(not bad_lifecycle, f"every lifecycle call answered: 200, or a proxy error with a reason "
           f"({len(bad_lifecycle)} not)", show(bad_lifecycle))  # fmt: skip
     violations = []
-    for i, v in enumerate(journal.violations):
-        bug = "" if args.strict else known_violation(v, journal.violations[:i], journal.pausing)
+    for v in journal.violations:
+        bug = "" if args.strict else known_violation(v, journal.pausing)
         known[bug] += bool(bug)
         if not bug:
             violations.append(v)
@@ -361,6 +370,7 @@ def report(
         "reasons": dict(reasons), "faults_injected": dict(tally.faults_injected),
         "faults_fired": dict(journal.faults_fired), "restarts": sim.restarts, "truth_checked": checked,
         "violations": len(journal.violations), "known_bugs": dict(known), "broken": broken,
+        "proxy_restarts": len(downtimes), "cut_by_proxy_restart": dict(cut_kinds),
     }  # fmt: skip
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nchaos: {'PASS' if not broken else 'FAIL: ' + '; '.join(broken)} (logs and summary in {workdir})")
@@ -377,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", random.randrange(1, 10_000))))
     parser.add_argument("--workdir", default=os.environ.get("CHAOS_WORKDIR"))
     parser.add_argument("--keep", action="store_true", help="keep the workdir even when the run passes")
+    parser.add_argument("--no-proxy-restarts", dest="proxy_restarts", action="store_false",
+                        help="do not kill -9 and restart the proxy during the chaos phase")  # fmt: skip
     parser.add_argument("--strict", action="store_true", default=os.environ.get("CHAOS_STRICT") == "1",
                         help="count the known core bugs (KNOWN_BUGS) as broken invariants too")  # fmt: skip
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_actors import _fired_since
-from chaos_checks import Call, untruthful
+from chaos_checks import Call, cut_by_restart, session_cut, untruthful
 
 
 def _engine(**overrides: Any) -> dict[str, Any]:
@@ -51,3 +51,22 @@ def test_faults_fired_are_read_from_the_journal_after_the_mark(tmp_path: Path) -
         f.write('{"ev": "fault", "op": "wake_up", "ki')  # cut by a kill -9
     assert _fired_since(journal, mark) == {"wedge"}
     assert _fired_since(tmp_path / "absent.jsonl", 0) == set()
+
+
+def test_only_a_connection_error_during_a_proxy_restart_is_excused() -> None:
+    down = [(10.0, 11.0)]  # killed at 10 s, the new proxy listening at 11 s
+    refused = Call("inference", t_send=10.5, t_end=10.5, outcome="no_answer")
+    dropped = Call("sleep", t_send=9.0, t_end=10.0, outcome="dropped_mid_response")
+    answered = Call("sleep", t_send=9.0, t_end=10.5, status=200, outcome="ok")
+    truncated = Call("inference", t_send=9.0, t_end=10.2, status=200, outcome="truncated")
+    elsewhere = Call("inference", t_send=12.0, t_end=12.5, outcome="no_answer")
+    assert cut_by_restart(refused, down) and cut_by_restart(dropped, down)
+    assert not any(cut_by_restart(c, down) for c in (answered, truncated, elsewhere))
+
+
+def test_a_weight_update_session_counts_as_cut_only_between_its_start_and_a_later_finish() -> None:
+    start = Call("start_weight_update", t_send=1.0, t_end=1.1, status=200, outcome="ok")
+    finish = Call("finish_weight_update", t_send=5.0, t_end=5.1, status=200, outcome="ok")
+    assert session_cut([start], [(3.0, 4.0)])
+    assert not session_cut([start, finish], [(3.0, 4.0)])
+    assert not session_cut([start], [(0.5, 0.9)])

@@ -1,0 +1,76 @@
+"""`StateMemo`: the facts about the engine that vLLM cannot be asked for, kept in a file so that a proxy
+restarted beside the same vLLM (a sidecar OOM-killed or updated) does not forget them.
+
+vLLM shows whether it sleeps and, through its `engine_sleep_state` gauge, at which level; it does not show
+that its weights were discarded by a level-2 sleep once it is awake again (the gauge reads awake after any
+full wake), nor a pause the proxy recorded to re-apply on the wake. Without the memo a new proxy would see
+an awake engine and release inference onto discarded weights.
+
+The memo is pessimistic: "discarded" is written *before* a level-2 sleep is sent (a proxy killed while it
+runs may never learn its outcome) and cleared only once the weights were loaded again. A vLLM restarted
+while no proxy watched holds its checkpoint, yet the memo still says "discarded": inference is held until a
+reload, never run on weights the proxy cannot vouch for. Writes are atomic (a temporary file renamed over
+the old one), so a kill mid-write leaves the previous memo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .rules import Staleness
+
+log = logging.getLogger("lifeguard.memo")
+
+
+@dataclass(frozen=True)
+class Memo:
+    # Why the weights vLLM holds were not the intended ones; None: they were valid.
+    weights_stale: Staleness | None = None
+    # The pause to re-apply on the next wake (a /pause recorded while asleep).
+    user_pause: str | None = None
+
+
+# What a memo that cannot be read means: the weights cannot be vouched for.
+UNREADABLE = Memo(weights_stale=Staleness.DISCARDED)
+
+
+class StateMemo:
+    def __init__(self, path: str | None) -> None:
+        self._path = Path(path) if path else None
+        self._saved: Memo | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._path is not None
+
+    def load(self) -> Memo | None:
+        """The previous proxy's memo; None on a first start (no file, or no file configured)."""
+        if self._path is None or not self._path.exists():
+            return None
+        try:
+            raw = json.loads(self._path.read_text())
+            stale = raw.get("weights_stale")
+            memo = Memo(weights_stale=None if stale is None else Staleness(stale), user_pause=raw.get("user_pause"))
+        except (OSError, ValueError, AttributeError) as exc:  # ValueError: bad JSON, or no such Staleness
+            log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
+            return UNREADABLE
+        if not isinstance(memo.user_pause, str | None):
+            return UNREADABLE
+        self._saved = memo
+        return memo
+
+    def save(self, memo: Memo) -> None:
+        if self._path is None or memo == self._saved:
+            return
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(memo)))
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            log.error("could not write the state file %s: %r", self._path, exc, extra={"event": "memo_failed"})
+            return
+        self._saved = memo

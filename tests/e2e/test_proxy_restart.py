@@ -1,0 +1,109 @@
+"""A proxy restarted beside the same vLLM (a sidecar OOM-killed or updated): it adopts what it can read from
+vLLM, keeps what vLLM cannot tell in its state file, and holds inference wherever it cannot vouch for the
+weights (issue 20). The old proxy is stopped and a new one is built from the same settings, with nothing in
+common but the simulator and the state file, as after a restart of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import create_app
+
+from .conftest import Stack
+
+
+async def _restarted(stack: Stack, aiohttp_client: Any) -> TestClient[Any, Any]:
+    await stack.client.close()
+    server = TestServer(create_app(stack.settings))
+    await server.start_server()
+    client: TestClient[Any, Any] = await aiohttp_client(server)
+    deadline = time.monotonic() + 5
+    while True:
+        state = await (await client.get("/lifeguard/state")).json()
+        if state["state"] not in ("STARTING",) and not state["lifecycle_busy"]:
+            return client
+        assert time.monotonic() < deadline, f"the new proxy never adopted the engine: {state}"
+        await asyncio.sleep(0.01)
+
+
+async def _state(client: TestClient[Any, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = await (await client.get("/lifeguard/state")).json()
+    return body
+
+
+async def _held(client: TestClient[Any, Any]) -> asyncio.Future[Any]:
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0}
+    request = asyncio.ensure_future(client.post("/v1/completions", json=body))
+    deadline = time.monotonic() + 5
+    while (await _state(client))["held_requests"] != 1:
+        assert not request.done(), await request.result().text()
+        assert time.monotonic() < deadline, "the completion was not held"
+        await asyncio.sleep(0.01)
+    return request
+
+
+async def test_a_proxy_restarted_while_vllm_sleeps_at_level_2_holds_inference_after_the_wake(
+    make_stack: Any, aiohttp_client: Any
+) -> None:
+    stack = await make_stack()
+    assert (await stack.client.post("/sleep", params={"level": "2"})).status == 200
+    client = await _restarted(stack, aiohttp_client)  # no state file: vLLM's gauge says discard_all
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["sleep_level"] == 2
+    assert state["weights_stale_reason"] == "discarded"
+
+    assert (await client.post("/wake_up")).status == 200
+    request = await _held(client)
+    assert stack.sim.violations == []
+    assert (await client.post("/collective_rpc", json={"method": "reload_weights"})).status == 200
+    assert (await request).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_a_proxy_restarted_after_a_level_2_wake_still_holds_until_a_reload(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/sleep", params={"level": "2"})).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200
+    client = await _restarted(stack, aiohttp_client)  # vLLM is awake: only the state file remembers
+    state = await _state(client)
+    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "discarded"
+
+    request = await _held(client)
+    assert (await client.post("/collective_rpc", json={"method": "reload_weights"})).status == 200
+    assert (await request).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_a_pause_recorded_while_asleep_survives_a_restart(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
+    assert "X-Lifeguard-Deferred" in (await stack.client.post("/pause", params={"mode": "keep"})).headers
+    client = await _restarted(stack, aiohttp_client)
+    assert (await _state(client))["pause_mode"] == "keep"
+
+    wake = await client.post("/wake_up")
+    assert wake.status == 200 and wake.headers["X-Lifeguard-Pause-Kept"] == "keep"
+    assert (await _state(client))["state"] == "PAUSED"
+    assert stack.sim.is_paused
+
+
+async def test_an_unreadable_state_file_means_the_weights_cannot_be_vouched_for(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    memo = tmp_path / "lifeguard-state.json"
+    stack = await make_stack(state_file=str(memo))
+    memo.write_text("{not json")
+    client = await _restarted(stack, aiohttp_client)
+    state = await _state(client)
+    assert state["state"] == "RUNNING" and state["weights_stale"] is True
+    await _held(client)
