@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.sim.memory import MemoryKind
+from lifeguard_sim.memory import MemoryKind
 
 
 @dataclass(frozen=True)

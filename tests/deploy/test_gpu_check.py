@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.sim.app import SimSettings, create_sim_app
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
