@@ -19,10 +19,11 @@ run: setup  ## the proxy in front of the embedded simulator, chosen explicitly
 sim: setup  ## the simulator alone on :8000
 	$(BIN)/vllm-lifeguard sim --port 8000
 
-lint: setup
-	$(BIN)/ruff check proxy lifeguard_sim tests
-	$(BIN)/ruff format --check proxy lifeguard_sim tests
+lint: setup  ## ruff on everything Python; mypy --strict on the packages and on the scripts that run in this venv
+	$(BIN)/ruff check proxy lifeguard_sim tests scripts
+	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts
 	$(BIN)/mypy
+	$(BIN)/mypy scripts/bench scripts/gpu_check.py
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
 	$(BIN)/pytest -q

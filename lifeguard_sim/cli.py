@@ -10,6 +10,7 @@ from aiohttp import web
 
 from lifeguard_sim.app import create_sim_app
 from lifeguard_sim.faults import KINDS, OPS, FaultSpecError, parse_fault
+from lifeguard_sim.memory import MemoryKind, MemoryUnavailable
 from lifeguard_sim.settings import SimSettings
 
 _EPILOG = (
@@ -63,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write simulated GPU memory as JSON here, atomically, at start and on every change",
     )
+    add(
+        "--memory",
+        type=MemoryKind,
+        default=defaults.memory,
+        choices=list(MemoryKind),
+        help="simulated: keep the books; cuda: allocate the weights and KV pool on cuda:0 with torch, so NVML "
+        "sees them move (scripts/gpu-check.sh) (default: %(default)s)",
+    )
     add("--weights-gib", type=float, default=defaults.weights_gib, help="weights size (default: %(default)s)")
     add("--kv-gib", type=float, default=defaults.kv_gib, help="KV cache pool size (default: %(default)s)")
     add(
@@ -111,6 +120,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         token_seconds=args.token_seconds,
         faults=tuple(args.fault),
         gpu_file=args.gpu_file,
+        memory=args.memory,
         weights_gib=args.weights_gib,
         kv_gib=args.kv_gib,
         overhead_gib=args.overhead_gib,
@@ -135,7 +145,10 @@ def main(argv: list[str]) -> int:
         except FaultSpecError as exc:
             parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_sim_app(settings_from(args))
+    try:
+        app = create_sim_app(settings_from(args))
+    except MemoryUnavailable as exc:
+        parser.error(str(exc))
     web.run_app(
         app,
         host=args.host,

@@ -25,7 +25,7 @@ from pathlib import Path
 from lifeguard_sim import errors
 from lifeguard_sim.errors import EngineGone, EngineHTTPError
 from lifeguard_sim.faults import FaultBook, Fired
-from lifeguard_sim.memory import MEMORY_TAGS, GpuMemory, write_gpu_file
+from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
 
@@ -43,7 +43,8 @@ class Engine:
     def __init__(self, settings: SimSettings, on_gone: Callable[[str], None] = lambda _why: None) -> None:
         self.settings = settings
         self.faults = FaultBook(settings.seed, settings.faults)
-        self.memory = GpuMemory(
+        self.memory: DeviceMemory = make_memory(
+            settings.memory,
             weights_gib=settings.weights_gib,
             kv_gib=settings.kv_gib,
             overhead_gib=settings.overhead_gib,
@@ -149,6 +150,13 @@ class Engine:
             write_gpu_file(self._gpu_file, snapshot)
             self._written = snapshot
 
+    async def _move(self, move: Callable[[], bool]) -> None:
+        """Real device memory moves off the event loop: vLLM's API server answers /health meanwhile."""
+        if self.memory.blocking:
+            await asyncio.to_thread(move)
+        else:
+            move()
+
     def die(self, reason: str) -> None:
         """The process ends: every connection resets. In-process the app keeps resetting until restart."""
         if self.scheduler.gone:
@@ -252,7 +260,9 @@ class Engine:
                     if level >= 2:
                         self.weights_valid = False
                     if self.settings.sleep_mode and fired.kind != "lie-memory":
-                        self.memory.release(set(_ALL_TAGS))
+                        # Level 1 offloads the weights to CPU memory; level 2 discards them.
+                        offload = {"weights"} if level == 1 else set()
+                        await self._move(lambda: self.memory.release(_ALL_TAGS, offload=offload))
         # vLLM re-records the gauge with the requested level even when the executor was already asleep.
         self.sleep_metric = (0, int(level == 1), int(level == 2))
         self.scheduler.stats.durations["sleep"].append(time.monotonic() - started)
@@ -274,7 +284,7 @@ class Engine:
                     await asyncio.sleep(self.settings.wake_seconds)
                     self.executor_tags -= to_wake
                     if fired.kind != "lie-memory":
-                        self.memory.restore(to_wake)
+                        await self._move(lambda: self.memory.restore(to_wake))
                 if not self.executor_tags:
                     self.sleep_level = None
                     self.scheduling_asleep = False
@@ -303,7 +313,7 @@ class Engine:
                 )
             self.executor_tags = {"kv_cache"}
             if self.settings.sleep_mode and fired.kind != "lie-memory":
-                self.memory.release({"kv_cache"})
+                await self._move(lambda: self.memory.release({"kv_cache"}))
         self.sleep_metric = (0, 0, 0)
         self.after(fired)
         return {"status": "kv_cache_released"}

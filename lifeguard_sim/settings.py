@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lifeguard_sim.memory import MemoryKind
+
 
 @dataclass(frozen=True)
 class SimSettings:
@@ -17,6 +19,8 @@ class SimSettings:
     token_seconds: float = 0.002
     faults: Sequence[str] = field(default_factory=tuple)
     gpu_file: Path | str | None = None
+    # simulated: the books only; cuda: real allocations on cuda:0 that NVML sees (scripts/gpu-check.sh).
+    memory: MemoryKind = MemoryKind.SIMULATED
     weights_gib: float = 16
     kv_gib: float = 40
     overhead_gib: float = 2

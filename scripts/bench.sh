@@ -13,8 +13,9 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null
 fi
-# uvloop drives the load clients and the fake upstream, and `vllm-lifeguard serve` uses it when installed;
-# py-spy / pyinstrument are the profilers the closing notes were made with.
+# uvloop drives the bench's own processes (run.py's load clients, the fake vLLM upstream.py); the proxy
+# under test does not use it: `vllm-lifeguard serve` runs on asyncio's own loop (docs/performance.md says
+# why). py-spy / pyinstrument are the profilers the closing notes were made with.
 "$VENV/bin/pip" install -q uvloop==0.23.0 py-spy==0.4.3 pyinstrument==5.1.3
 
 # 10,000 held requests need 10,000 client sockets here and as many in the proxy.

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Prove the proxy's physical (NVML) check on a real GPU, in well under 3 minutes.
 #
-# Starts scripts/gpu_memory_engine.py (vLLM's lifecycle routes over real torch allocations: weights and
-# a KV pool of a few GiB each), runs `vllm-lifeguard serve --gpu-probe nvml` in front of it, and checks
-# that an honest sleep/wake passes verification with the memory the proxy read, and that a lying sleep
-# and a lying wake are each answered 503 verification_failed with the true state kept. The figures
-# (device memory before/after each step, what the proxy read, verification seconds) go to
-# $OUT/gpu-check.json, or ./gpu-check.json when $OUT is unset.
+# Starts the simulator with real GPU memory (`vllm-lifeguard sim --memory cuda`: its weights and KV pool
+# are torch allocations of a few GiB each on cuda:0), runs `vllm-lifeguard serve --gpu-probe nvml` in
+# front of it, and scripts/gpu_check.py checks that an honest sleep/wake passes verification with the
+# memory the proxy read, and that a lying sleep and a lying wake (the simulator's lie-memory fault) are
+# each answered 503 verification_failed with the true state kept. The figures (device memory before/after
+# each step, what the proxy read, verification seconds) go to $OUT/gpu-check.json, or ./gpu-check.json
+# when $OUT is unset.
 #
-# Without CUDA (no torch or no GPU), or with --dry-run, the same steps run against the engine's
-# pretend mode and the proxy's `--gpu-probe file:` probe, and the report says the physical check was
-# unavailable. The device machine has torch, nvidia-ml-py, aiohttp and prometheus-client; the proxy's
+# Without CUDA (no torch or no GPU), or with --dry-run, the same steps run against the simulator's
+# simulated memory (`--memory simulated --gpu-file`) and the proxy's `--gpu-probe file:` probe, and the
+# report says the physical check was unavailable. The device machine has torch, nvidia-ml-py, aiohttp and prometheus-client; the proxy's
 # other pure-Python packages must travel with the tree: put them in .gpu-deps/ (for example
 # `pip install --target .gpu-deps transitions pydantic-settings[yaml]`), which is added to PYTHONPATH.
 #
@@ -52,25 +53,25 @@ wait_http() {  # URL SECONDS PID: bounded wait for a 200, giving up early when t
 MODE=gpu
 if ((DRY_RUN)); then
   MODE=dry-run; WHY="--dry-run asked"
-elif ! WHY="$("$PYTHON" scripts/gpu_memory_engine.py cuda 2>&1)"; then
+elif ! WHY="$("$PYTHON" scripts/gpu_check.py cuda 2>&1)"; then
   MODE=dry-run
 fi
 ENGINE_PORT="$(free_port)"
 PROXY_PORT="$(free_port)"
 if [[ "$MODE" == gpu ]]; then
-  ENGINE_ARGS=()
+  ENGINE_ARGS=(--memory cuda)
   PROBE=nvml
   VERIFY_TIMEOUT_S=5  # cudaFree + empty_cache shows in NVML at once; a lie waits out the whole deadline
   PHYSICAL="{\"available\": true, \"device\": $("$PYTHON" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$WHY")}"
 else
-  ENGINE_ARGS=(--pretend --gpu-file "$WORK/gpu.json")
+  ENGINE_ARGS=(--memory simulated --gpu-file "$WORK/gpu.json")
   PROBE="file:$WORK/gpu.json"
   VERIFY_TIMEOUT_S=1
   PHYSICAL="{\"available\": false, \"reason\": $("$PYTHON" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$WHY")}"
   echo "gpu-check: no physical check ($WHY); dry run with --gpu-probe $PROBE" >&2
 fi
 
-"$PYTHON" scripts/gpu_memory_engine.py serve --port "$ENGINE_PORT" \
+"$PYTHON" -m proxy sim --port "$ENGINE_PORT" --log-level warning \
   --weights-gib "${WEIGHTS_GIB:-4}" --kv-gib "${KV_GIB:-4}" "${ENGINE_ARGS[@]}" >"$WORK/engine.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$ENGINE_PORT/health" 60 "${PIDS[0]}"
@@ -83,13 +84,13 @@ wait_http "http://127.0.0.1:$PROXY_PORT/lifeguard/healthz" 30 "${PIDS[1]}"
 
 EXTRA="{\"mode\": \"$MODE\", \"gpu_probe\": \"${PROBE%%:*}\", \"physical\": $PHYSICAL}"
 set +e
-timeout "$TIMEOUT_S" "$PYTHON" scripts/gpu_memory_engine.py check \
+timeout "$TIMEOUT_S" "$PYTHON" scripts/gpu_check.py check \
   --proxy "http://127.0.0.1:$PROXY_PORT" --engine "http://127.0.0.1:$ENGINE_PORT" \
   --out "$REPORT" --deadline-s $((TIMEOUT_S - 10)) --extra "$EXTRA"
 rc=$?
 set -e
 if ((rc != 0)); then
   echo "--- proxy log" >&2; tail -n 40 "$WORK/proxy.log" >&2
-  echo "--- engine log" >&2; tail -n 40 "$WORK/engine.log" >&2
+  echo "--- simulator log" >&2; tail -n 40 "$WORK/engine.log" >&2
 fi
 exit "$rc"

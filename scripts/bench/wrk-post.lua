@@ -1,4 +1,4 @@
--- POST a small completion request; at the end print one machine-readable line for run.py.
+-- POST a small completion request; at the end print one machine-readable line for fixed.py.
 wrk.method = "POST"
 wrk.body = '{"model":"tiny","prompt":"The capital of France is","max_tokens":2}'
 wrk.headers["Content-Type"] = "application/json"

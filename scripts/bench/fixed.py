@@ -1,0 +1,53 @@
+"""Non-streaming load: wrk against each path, the proxy's CPU per request and RSS under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from typing import Any
+
+from procs import cpu_seconds, log, median_dict, rss_bytes
+from rig import HERE, PATHS, Rig
+
+
+async def wrk(port: int, conns: int, seconds: float, pid: int | None) -> dict[str, float]:
+    """One wrk run; adds the proxy's CPU seconds and its RSS sampled half-way."""
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / "wrk-post.lua")]
+    argv.append(f"http://127.0.0.1:{port}/v1/completions")
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    await asyncio.sleep(seconds / 2)
+    rss = rss_bytes(pid) if pid else 0
+    out, err = await proc.communicate()
+    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    match = re.search(rb"WRKJSON (\{.*\})", out)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result: {out.decode()} {err.decode()}")
+    result: dict[str, float] = json.loads(match.group(1))
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    result["cpu_us_per_req"] = cpu / max(result["requests"], 1) * 1e6 if pid else math.nan
+    result["rss"] = rss
+    if result["errors"] or result["non2xx"]:
+        log(f"  wrk on :{port} c={conns}: {result['errors']} socket errors, {result['non2xx']} non-2xx")
+    return result
+
+
+async def bench_fixed(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps: int) -> dict[str, Any]:
+    await rig.start_lifeguard(rig.up_port)
+    for target in PATHS:  # warm every path (connection pools, lazily imported code)
+        await wrk(rig.port(target), 16, 1, None)
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for conns in conns_list:
+        for rep in range(reps):
+            for target in PATHS:
+                result = await wrk(rig.port(target), conns, seconds, rig.proxy_pid(target))
+                runs.setdefault((target, conns), []).append(result)
+                log(
+                    f"fixed c={conns} rep={rep + 1} {target:9s} {result['rps']:8.0f} req/s "
+                    f"p50 {result['p50_us'] / 1000:.3f} ms p99 {result['p99_us'] / 1000:.3f} ms "
+                    f"cpu {result['cpu_us_per_req']:.0f} us/req"
+                )
+    await rig.stop_lifeguard()
+    return {f"{t}@{c}": median_dict(v) for (t, c), v in runs.items()}

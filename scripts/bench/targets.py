@@ -1,0 +1,50 @@
+"""The speed targets of docs/performance.md, in one table: what the target column says and when it is met.
+
+Each is judged on one figure that report.py derives from the measurements (the key below). A figure
+that was not measured (missing, nan, infinite) is neither met nor missed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    met: Callable[[float], bool]
+
+
+TARGETS: dict[str, Target] = {
+    # req/s through lifeguard ÷ req/s through nginx, 64 connections
+    "rps_vs_nginx@64": Target("≥ 0.3× nginx", lambda ratio: ratio >= 0.3),
+    # ms lifeguard adds over nginx
+    "p50_over_nginx_ms@1": Target("+≤ 0.2 ms over nginx", lambda added: added <= 0.2),
+    "p99_over_nginx_ms@256": Target("+≤ 2 ms over nginx", lambda added: added <= 2),
+    # SSE events/s relayed with the source unpaced, and what one core would relay at the CPU cost per event
+    "sse_events_per_s": Target("≥ 50,000/s", lambda rate: rate >= 50_000),
+    "sse_cpu_us_per_event": Target("≥ 50,000/s", lambda us: us > 0 and 1e6 / us >= 50_000),
+    # held requests: wake end → first forwarded; drain rate ÷ steady rate (0 unless all answered 200);
+    # the share answered 200; RSS per held request
+    "hold_first_ms": Target("≤ 5 ms", lambda ms: ms <= 5),
+    "hold_drain_vs_steady": Target("≥ steady", lambda ratio: ratio >= 1),
+    "hold_answered_share": Target("all", lambda share: share >= 1),
+    "hold_bytes_per_request": Target("< 2 KB", lambda size: size < 2048),
+    # ms a sleep or a wake through lifeguard takes beyond the same call direct
+    "lifecycle_added_ms": Target("+≤ 50 ms", lambda added: added <= 50),
+}
+
+
+def measured(value: object) -> bool:
+    """A figure that was measured (not missing, not nan, not infinite)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def judge(key: str, value: float) -> list[str]:
+    """The target and verdict cells of a row judged by TARGETS[key]."""
+    target = TARGETS[key]
+    if not measured(value):
+        return [target.text, ""]
+    return [target.text, "met" if target.met(value) else "**missed**"]

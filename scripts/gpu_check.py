@@ -1,0 +1,229 @@
+"""The check of `scripts/gpu-check.sh`: lifecycle steps through the proxy in front of the simulator.
+
+The simulator (`vllm-lifeguard sim --memory cuda`) holds its weights and KV pool as real torch
+allocations on the GPU, so the proxy's `nvml` probe sees them move; without CUDA the script runs it with
+`--memory simulated --gpu-file` and the proxy's `file:` probe instead. The steps: honest sleep and wake
+at levels 1 and 2 (wake by tag, reload_weights between), a lying sleep and a lying wake (the
+simulator's `lie-memory` fault, armed for one call: flags flip, memory does not move). For each it reads
+what the proxy verified (`X-Lifeguard-Verified`, `/lifeguard/state`) and what the engine's device holds
+(`/sim/state`), and writes the figures as JSON.
+
+    python scripts/gpu_check.py check --proxy URL --engine URL --out FILE [--deadline-s S] [--extra JSON]
+    python scripts/gpu_check.py cuda     # exit 0 and the device name when torch sees CUDA, else 1 and why
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    method: str
+    path: str
+    expect_status: int
+    expect_state: str
+    body: dict[str, Any] | None = None
+    arm: str | None = None  # the op whose next call lies about memory (the simulator's lie-memory fault)
+    expect_failed_check: str | None = None  # for a 503: which check must have caught it
+    expect_memory: str | None = "pass"  # the memory check's result on a 200 that moves memory
+
+
+STEPS: tuple[Step, ...] = (
+    Step("honest sleep level 1", "POST", "/sleep?level=1", 200, "SLEEPING"),
+    Step("honest wake", "POST", "/wake_up", 200, "RUNNING"),
+    Step("honest sleep level 2", "POST", "/sleep?level=2", 200, "SLEEPING"),
+    Step("wake the weights", "POST", "/wake_up?tags=weights", 200, "SLEEPING"),
+    Step(
+        "reload weights",
+        "POST",
+        "/collective_rpc",
+        200,
+        "SLEEPING",
+        body={"method": "reload_weights"},
+        expect_memory=None,
+    ),
+    Step("wake the kv cache", "POST", "/wake_up?tags=kv_cache", 200, "RUNNING"),
+    Step("lying sleep", "POST", "/sleep?level=1", 503, "SLEEPING", arm="sleep", expect_failed_check="memory"),
+    Step("honest wake after the lying sleep", "POST", "/wake_up", 200, "RUNNING"),
+    Step("honest sleep before the lying wake", "POST", "/sleep?level=1", 200, "SLEEPING"),
+    Step("lying wake", "POST", "/wake_up", 503, "FAILED", arm="wake_up", expect_failed_check="memory"),
+)
+
+
+def judge_step(step: Step, status: int, verified: str | None, state: dict[str, Any]) -> list[str]:
+    """What is wrong with one step's outcome; empty when it went as the proxy promises."""
+    problems = []
+    if status != step.expect_status:
+        problems.append(f"status {status}, expected {step.expect_status}")
+    if state.get("state") != step.expect_state:
+        problems.append(f"proxy state {state.get('state')}, expected {step.expect_state}")
+    last = state.get("last_verification") or {}
+    checks = {c["name"]: c["result"] for c in last.get("checks", [])}
+    if step.expect_failed_check is not None:
+        if checks.get(step.expect_failed_check) != "fail":
+            problems.append(f"the {step.expect_failed_check} check did not fail: {checks}")
+    elif step.expect_memory is not None and status == 200:
+        memory = dict(part.split("=", 1) for part in (verified or "").split(",") if "=" in part).get("memory")
+        if memory != step.expect_memory:
+            problems.append(f"memory check {memory!r} in X-Lifeguard-Verified {verified!r}")
+    return problems
+
+
+async def run_check(proxy: str, engine: str, *, deadline_s: float = 120.0) -> dict[str, Any]:
+    """Every step through the proxy, bounded by `deadline_s` in all; returns the report."""
+    started = time.monotonic()
+    report: dict[str, Any] = {"proxy": proxy, "engine": engine, "steps": [], "ok": False}
+    async with ClientSession(timeout=ClientTimeout(total=60)) as http:
+
+        async def get(url: str) -> dict[str, Any]:
+            async with http.get(url) as resp:
+                body: dict[str, Any] = await resp.json()
+                return body
+
+        await _until(lambda: _state_is(get, proxy, "RUNNING"), started + 30, "the proxy to see the engine RUNNING")
+        report["engine_info"] = engine_facts(await get(engine + "/sim/state"))
+        for step in STEPS:
+            if time.monotonic() - started > deadline_s:
+                report["error"] = f"out of time before step {step.name!r}"
+                return report
+            if step.arm:
+                async with http.post(engine + "/sim/faults", json=[f"{step.arm}:lie-memory@1"]) as resp:
+                    resp.raise_for_status()
+            before = engine_facts(await get(engine + "/sim/state"))
+            previous = (await get(proxy + "/lifeguard/state")).get("last_verification") or {}
+            t0 = time.monotonic()
+            async with http.request(step.method, proxy + step.path, json=step.body) as resp:
+                status = resp.status
+                verified = resp.headers.get("X-Lifeguard-Verified")
+                reason = resp.headers.get("X-Lifeguard-Reason")
+                text = await resp.text()
+            call_s = time.monotonic() - t0
+            after = engine_facts(await get(engine + "/sim/state"))
+            state = await get(proxy + "/lifeguard/state")
+            last = state.get("last_verification") or {}
+            if last.get("at") == previous.get("at"):
+                last = {}  # this call was not verified (collective_rpc): do not report the previous one
+            problems = judge_step(step, status, verified, state)
+            report["steps"].append(
+                {
+                    "step": step.name,
+                    "call": f"{step.method} {step.path}",
+                    "status": status,
+                    "reason": reason,
+                    "message": None if status == 200 else _message(text),
+                    "verified": verified,
+                    "proxy_state": state.get("state"),
+                    "call_seconds": round(call_s, 4),
+                    "verification_seconds": last.get("seconds"),
+                    "verification_checks": last.get("checks"),
+                    "proxy_gpu_memory_used_bytes": (state.get("gpu_memory") or {}).get("used_bytes"),
+                    "device_used_bytes_before": before["device_used_bytes"],
+                    "device_used_bytes_after": after["device_used_bytes"],
+                    "engine_flags_after": {"is_sleeping": after["is_sleeping"], "is_paused": after["is_paused"]},
+                    "resident_after": after["resident"],
+                    "ok": not problems,
+                    "problems": problems,
+                }
+            )
+    report["seconds"] = round(time.monotonic() - started, 3)
+    report["ok"] = all(s["ok"] for s in report["steps"]) and len(report["steps"]) == len(STEPS)
+    return report
+
+
+def engine_facts(state: dict[str, Any]) -> dict[str, Any]:
+    """What the report keeps of the simulator's `/sim/state`: its flags and its device's memory."""
+    memory = state["memory"]
+    return {
+        "is_sleeping": state["is_sleeping"],
+        "is_paused": state["paused"],
+        "asleep_tags": state["asleep_tags"],
+        "device_used_bytes": memory["used_bytes"],
+        "device_total_bytes": memory["total_bytes"],
+        "resident": memory["resident"],
+    }
+
+
+async def _state_is(get: Callable[[str], Awaitable[dict[str, Any]]], proxy: str, name: str) -> bool:
+    try:
+        return (await get(proxy + "/lifeguard/state")).get("state") == name
+    except OSError:
+        return False
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], deadline: float, what: str) -> None:
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text[:500]
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether torch can use a CUDA device here, and why not when it cannot."""
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device"
+    return True, str(torch.cuda.get_device_name(0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="drive the proxy through the steps and write the figures")
+    check.add_argument("--proxy", required=True)
+    check.add_argument("--engine", required=True)
+    check.add_argument("--out", type=Path, required=True)
+    check.add_argument("--deadline-s", type=float, default=120.0)
+    check.add_argument("--extra", default="{}", help="JSON merged into the report (mode, probe, ...)")
+    sub.add_parser("cuda", help="print whether CUDA is usable here (exit 0) or why not (exit 1)")
+    args = parser.parse_args(argv)
+
+    if args.command == "cuda":
+        usable, why = cuda_available()
+        print(why)
+        return 0 if usable else 1
+    try:
+        report = asyncio.run(run_check(args.proxy, args.engine, deadline_s=args.deadline_s))
+    except (TimeoutError, OSError) as exc:
+        report = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "steps": []}
+    report.update(json.loads(args.extra))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for step in report["steps"]:
+        mark = "ok  " if step["ok"] else "FAIL"
+        print(
+            f"{mark} {step['step']:<36} {step['status']} {step['proxy_state']:<9} "
+            f"device {step['device_used_bytes_before'] / GIB:6.2f} -> {step['device_used_bytes_after'] / GIB:6.2f} GiB"
+            f"  verify {step['verification_seconds']} s  {'; '.join(step['problems'])}"
+        )
+    if report.get("error"):
+        print(f"error: {report['error']}", file=sys.stderr)
+    print(f"{'PASS' if report['ok'] else 'FAIL'}: figures in {args.out}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
