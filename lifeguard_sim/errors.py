@@ -7,6 +7,7 @@ validation (the same envelope, type "Bad Request", ``param`` like ``"query.level
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 OOM_MESSAGE = "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
@@ -64,3 +65,15 @@ def engine_dead() -> EngineHTTPError:
 
 def plain_error(status: int, message: str) -> EngineHTTPError:
     return EngineHTTPError(status, {"error": message})
+
+
+def json_object(raw: bytes, *, decode_message: str = "JSON decode error") -> dict[str, Any]:
+    """A request body that must be a JSON object, refused as vLLM refuses it (400, OpenAI envelope);
+    `decode_message` is the route's own wording for a body that is not JSON."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise bad_request(decode_message) from None
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object")
+    return body

@@ -11,7 +11,6 @@ Answer (``output_mode: "tokens"``): one choice per sample with ``token_ids`` and
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from typing import Any
@@ -21,17 +20,12 @@ from aiohttp import web
 from lifeguard_sim import errors, generation
 from lifeguard_sim.keys import SIM_ENGINE
 from lifeguard_sim.responses import json_response
-from lifeguard_sim.routes_openai import check_model
+from lifeguard_sim.routes_openai import check_model, json_body
 from lifeguard_sim.textgen import VOCAB_SIZE, Token, TokenStream, piece_id
 
 
 def _validated(raw: bytes) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise errors.bad_request("Invalid JSON in request body") from None
-    if not isinstance(body, dict):
-        raise errors.bad_request("Request body must be a JSON object")
+    body = json_body(raw)
     ids = body.get("token_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and 0 <= t < VOCAB_SIZE for t in ids):
         raise errors.bad_request(f"'token_ids' must be a non-empty list of token ids below {VOCAB_SIZE}", "token_ids")

@@ -7,7 +7,6 @@ A loaded adapter is servable by name (``model`` on the OpenAI and generate route
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -17,13 +16,7 @@ from lifeguard_sim.keys import SIM_ENGINE
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise errors.bad_request("JSON decode error") from None
-    if not isinstance(body, dict):
-        raise errors.bad_request("Request body must be a JSON object")
-    return body
+    return errors.json_object(await request.read())
 
 
 def _text(message: str) -> web.Response:

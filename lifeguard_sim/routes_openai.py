@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,14 +55,8 @@ def chat_prompt(messages: Any) -> str:
     return "".join(parts) + "<s>assistant: "
 
 
-def _body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise errors.bad_request("Invalid JSON in request body") from None
-    if not isinstance(body, dict):
-        raise errors.bad_request("Request body must be a JSON object")
-    return body
+def json_body(raw: bytes) -> dict[str, Any]:
+    return errors.json_object(raw, decode_message="Invalid JSON in request body")
 
 
 def check_model(engine: Engine, model: Any) -> str:
@@ -145,7 +138,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[SIM_ENGINE]
-    body = _body(await request.read())
+    body = json_body(await request.read())
     prompts = [None] if chat else _completion_prompts(body.get("prompt"))
     n = body.get("n", 1)
     if not isinstance(n, int) or n < 1:
@@ -158,17 +151,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         shapers = await asyncio.gather(*(_run_whole(request, spec) for spec in specs))
         return json_response(_merge(shapers))
     spec = specs[0]
-    req = generation.new_request(
-        "chatcmpl" if chat else "cmpl",
-        prompt_tokens=spec.prompt_tokens,
-        max_tokens=spec.max_tokens,
-        external_id=request.headers.get("X-Request-Id"),
-        client_gone=lambda: request.transport is None or request.transport.is_closing(),
-    )
-    fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
-    writer = _Shaper(spec.model, req, spec)
-    tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+    req, writer, tokens = await _begin(request, spec, "chatcmpl" if chat else "cmpl")
     async with contextlib.aclosing(tokens):
         if not spec.stream:
             await _collect(engine, req, writer, tokens)
@@ -213,11 +196,13 @@ async def _collect(engine: Engine, req: SimRequest, writer: _Shaper, tokens: Asy
             break
 
 
-async def _run_whole(request: web.Request, spec: GenSpec) -> _Shaper:
-    """One choice of a batched request: its own engine request, generated to the end."""
+async def _begin(
+    request: web.Request, spec: GenSpec, kind: str
+) -> tuple[SimRequest, _Shaper, AsyncGenerator[Token, None]]:
+    """One engine request for `spec`, admitted: the request, the shaper of its answer, and its tokens."""
     engine = request.app[SIM_ENGINE]
     req = generation.new_request(
-        "cmpl",
+        kind,
         prompt_tokens=spec.prompt_tokens,
         max_tokens=spec.max_tokens,
         external_id=request.headers.get("X-Request-Id"),
@@ -226,9 +211,14 @@ async def _run_whole(request: web.Request, spec: GenSpec) -> _Shaper:
     fired = await generation.admit(engine, req)
     stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
     writer = _Shaper(spec.model, req, spec)
-    tokens = generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+    return req, writer, generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+
+
+async def _run_whole(request: web.Request, spec: GenSpec) -> _Shaper:
+    """One choice of a batched request: its own engine request, generated to the end."""
+    req, writer, tokens = await _begin(request, spec, "cmpl")
     async with contextlib.aclosing(tokens):
-        await _collect(engine, req, writer, tokens)
+        await _collect(request.app[SIM_ENGINE], req, writer, tokens)
     return writer
 
 

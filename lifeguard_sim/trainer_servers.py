@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -22,13 +21,7 @@ from lifeguard_sim.responses import json_response
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError:
-        raise errors.bad_request("JSON decode error") from None
-    if not isinstance(body, dict):
-        raise errors.bad_request("Request body must be a JSON object")
-    return body
+    return errors.json_object((await request.read()) or b"{}")
 
 
 async def skyrl_load_lora_adapter(request: web.Request) -> web.Response:
