@@ -14,11 +14,9 @@ harmless (a repeated /sleep aborts the requests queued during sleep).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .calls import LifecycleCall
@@ -31,44 +29,18 @@ from .inflight import InFlightRequests
 from .memo import Memo, StateMemo
 from .metrics import Metrics
 from .observation import Observation
-from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
+from .outcome import Outcome, answered_by_us, from_vllm
+from .probes import Verifier
 from .record import EngineRecord, FailureKind
-from .rules import Defer, Noop, Refuse, Staleness, admission, control_refusal, judge, wake_targets
+from .rules import Defer, Noop, Refuse, Staleness, admission, control_refusal, judge
+from .sleep_operations import SleepOperations
 from .states import State
 from .tasks import Tasks
-from .upstream import Reply, VllmClient
+from .upstream import VllmClient
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the client of a lifecycle call gets when it did not fail: vLLM's reply (or ours, for a call
-    answered without vLLM) and what the coordinator decided; handlers turn it into HTTP."""
-
-    status: int
-    body: bytes
-    content_type: str | None
-    verdict: Verdict | None = None
-    noop: bool = False  # answered by us: the engine is already where the call asks
-    deferred: bool = False  # accepted without vLLM: a /pause while asleep, applied on the wake
-    drained: str | None = None  # drain_before_sleep: "complete", or how many in flight were aborted
-    pause_kept: str | None = None  # the user's pause mode, re-applied after vLLM's wake lifted it
-
-    @property
-    def label(self) -> str:
-        """The `outcome` label of lifeguard_lifecycle_operations_total."""
-        return "noop" if self.noop else "ok"
-
-
-def _answered_by_us(body: dict[str, Any], *, noop: bool = False, deferred: bool = False) -> Outcome:
-    return Outcome(200, json.dumps(body).encode(), "application/json", noop=noop, deferred=deferred)
-
-
-def _from_vllm(reply: Reply, verdict: Verdict | None, **extra: Any) -> Outcome:
-    return Outcome(reply.status, reply.body, reply.content_type, verdict, **extra)
 
 
 class LifecycleCoordinator:
@@ -102,6 +74,7 @@ class LifecycleCoordinator:
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
+        self._sleep = SleepOperations(settings, self.record, self._calls, verifier, gate, metrics, self._memo)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         previous = self._memo.load()
         if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
@@ -154,7 +127,7 @@ class LifecycleCoordinator:
                 return await asyncio.shield(joined)
             finally:
                 self._metrics.operation_finished(call.op, "joined", time.monotonic() - started)
-        if call.op == "update_weights" and self.record.weight_update_active:
+        if call.op == "update_weights" and self.record.weight_update_active and self.state is State.UPDATING_WEIGHTS:
             # Inside an open session the trainer's NCCL send runs concurrently: never queue this.
             return await self._timed(call, self._in_session(call))
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -237,20 +210,13 @@ class LifecycleCoordinator:
         if isinstance(decision, Refuse):
             raise decision.error
         if isinstance(decision, Noop):
-            return _answered_by_us(decision.body, noop=True)
+            return answered_by_us(decision.body, noop=True)
         if isinstance(decision, Defer):
             self.record.paused_by_user(call.mode or "abort")
-            return _answered_by_us(decision.body, deferred=True)
+            return answered_by_us(decision.body, deferred=True)
         if call.op in WEIGHT_OPERATIONS:
-            return _from_vllm(await self._weights.run(call), None)
-        operations: dict[str, Callable[[LifecycleCall], Awaitable[Outcome]]] = {
-            "sleep": self._do_sleep,
-            "wake_up": self._do_wake_up,
-            "pause": self._do_pause,
-            "resume": self._do_resume,
-            "release_kv_cache_memory": self._do_release_kv_cache_memory,
-        }
-        return await operations[call.op](call)
+            return from_vllm(await self._weights.run(call), None)
+        return await self._sleep.run(call)
 
     async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run a control call that touches weights or memory (routes.RouteKind.SERIALIZED) after any lifecycle
@@ -272,151 +238,7 @@ class LifecycleCoordinator:
             self._lock.release()
 
     async def _in_session(self, call: LifecycleCall) -> Outcome:
-        return _from_vllm(await self._weights.in_session(call), None)
-
-    # ----- the operations (called under the lock, from a settled state)
-    async def _do_sleep(self, call: LifecycleCall) -> Outcome:
-        level = call.level if call.level is not None else 1
-        before = await self._verifier.read_memory()
-        if self.state is State.RUNNING:
-            self._verifier.note_awake(before)
-        prev = self.state
-        if prev is State.SLEEPING:
-            self.record.lifecycle.begin_sleep_again()
-        else:
-            self.record.lifecycle.begin_sleep()
-        drained = None
-        if self._settings.drain_before_sleep_s > 0 and call.mode == "abort" and self._gate.inflight:
-            self._metrics.policy_action("drain_before_sleep")
-            idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
-            drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
-        if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
-            self._memo.save(Memo(Staleness.DISCARDED, self.record.user_pause))
-        reply = await self._calls.post(call, "/sleep", hint=prev)
-        expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
-        verdict = await self._verifier.verify(expect, memory_before=before)
-        failed = verdict.failed
-        if failed is not None and not (
-            failed.name is CheckName.MEMORY and verdict.observation and verdict.observation.sleeping
-        ):
-            raise self._lie(call, verdict, hint=prev)
-        self.record.fell_asleep(level, confirmed=failed is None)
-        if prev is State.PAUSED and self.record.user_pause is None:
-            self.record.paused_by_user("abort")
-        self.record.settle(State.SLEEPING)
-        if failed is not None:
-            # Asleep by the flags, nothing freed: asleep without freeing, or only paused (a /sleep from PAUSED
-            # that did nothing looks the same). Held as asleep (no /resume, no weight writes onto weights that
-            # may sleep), and a repeat is sent to vLLM again instead of being answered as a no-op.
-            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
-        return _from_vllm(reply, verdict, drained=drained)
-
-    async def _do_wake_up(self, call: LifecycleCall) -> Outcome:
-        view = self.record.view()
-        targets = wake_targets(call, view)
-        remaining = frozenset() if view.asleep_tags == {"scheduling"} else view.asleep_tags - targets
-        full = not remaining
-        if call.tags is None or view.asleep_tags == {"scheduling"}:
-            sent = call
-        else:  # only what is still asleep: vLLM's repeat of an awake tag is a silent no-op at best
-            sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
-        before = await self._verifier.read_memory()
-        self.record.lifecycle.begin_wake()
-        reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
-        memory = None
-        if view.sleep_level != 0:
-            memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
-        canary = full and self.record.weights_stale is not Staleness.DISCARDED
-        verdict = await self._verifier.verify(
-            Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
-            memory_before=before,
-        )
-        if verdict.failed is not None:
-            if not full and verdict.failed.name is CheckName.MEMORY:
-                # The flags cannot show a partial wake; the GPUs say nothing came back: what we sent is
-                # still asleep (a retry is sent again), not an engine to give up on.
-                self.record.settle(State.SLEEPING)
-                raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
-            raise self._lie(call, verdict, hint=State.SLEEPING)
-        self.record.woke(remaining)
-        if not full:
-            self.record.settle(State.SLEEPING)
-            return _from_vllm(reply, verdict)
-        if verdict.memory is not None:
-            self._verifier.note_awake(verdict.memory)
-        if (mode := self.record.user_pause) is not None:
-            # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
-            await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
-            repaused = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
-            if repaused.failed is not None:
-                raise self._lie(call, repaused, hint=State.PAUSED)
-            self.record.settle(State.PAUSED)
-            return _from_vllm(reply, verdict, pause_kept=mode)
-        self.record.settle(State.RUNNING)
-        return _from_vllm(reply, verdict)
-
-    async def _do_release_kv_cache_memory(self, call: LifecycleCall) -> Outcome:
-        before = await self._verifier.read_memory()
-        self.record.lifecycle.begin_sleep()
-        reply = await self._calls.post(call, "/release_kv_cache_memory", hint=State.PAUSED)
-        verdict = await self._verifier.verify(
-            Expectation(sleeping=True, paused=True, memory=MemoryChange.PART_FREED), memory_before=before
-        )
-        failed = verdict.failed
-        if failed is not None and failed.name is not CheckName.MEMORY:
-            raise self._lie(call, verdict, hint=State.PAUSED)
-        self.record.released_kv_cache()
-        self.record.settle(State.SLEEPING)
-        if failed is not None:
-            # Paused by the flags, nothing freed: a wake is still what brings it back, so it is held as released.
-            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
-        return _from_vllm(reply, verdict)
-
-    async def _do_pause(self, call: LifecycleCall) -> Outcome:
-        self.record.lifecycle.begin_pause()
-        reply = await self._calls.post(call, "/pause", hint=State.RUNNING)
-        verdict = await self._verifier.verify(Expectation(sleeping=True, paused=True), memory_before=None)
-        if verdict.failed is not None:
-            raise self._lie(call, verdict, hint=State.RUNNING)
-        self.record.paused_by_user(call.mode or "abort")
-        self.record.settle(State.PAUSED)
-        return _from_vllm(reply, verdict)
-
-    async def _do_resume(self, call: LifecycleCall) -> Outcome:
-        self.record.lifecycle.begin_resume()
-        reply = await self._calls.post(call, "/resume", hint=State.PAUSED)
-        verdict = await self._verifier.verify(Expectation(sleeping=False, paused=False), memory_before=None)
-        if verdict.failed is not None:
-            raise self._lie(call, verdict, hint=State.PAUSED)
-        self.record.pause_lifted()
-        self.record.settle(State.RUNNING)
-        return _from_vllm(reply, verdict)
-
-    def _lie(self, call: LifecycleCall, verdict: Verdict, *, hint: State, adopt: bool = True) -> VerificationFailed:
-        """A caught "200 lie": counted, what the engine really is adopted (unless `adopt` is False), and the
-        error to raise returned."""
-        check = verdict.failed
-        assert check is not None
-        self._metrics.lie_caught(call.op, check.name)
-        obs = verdict.observation
-        if adopt:
-            if check.name is CheckName.CANARY:
-                self.record.set_failed(
-                    FailureKind.GARBAGE, f"the engine produces garbage after {call.op}: {check.detail}"
-                )
-            elif check.name is CheckName.MEMORY and call.op == "wake_up":
-                self.record.set_failed(
-                    FailureKind.MEMORY, f"the engine says awake but its memory is not back: {check.detail}"
-                )
-            elif obs is not None:
-                memory = verdict.memory or self._verifier.last_memory
-                freed = self._verifier.memory_freed(memory) if memory is not None else None
-                self.record.adopt(obs, hint=hint, memory_freed=freed)
-        return VerificationFailed(
-            f"vLLM answered /{call.op} 200 but {check.name} check failed: {check.detail}",
-            check=check.name,
-            verification=verdict.summary(),
-        )
+        return from_vllm(await self._weights.in_session(call), None)
 
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:

@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from .calls import parse_call
 from .config import Settings
-from .coordinator import LifecycleCoordinator, Outcome
+from .coordinator import LifecycleCoordinator
 from .errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -35,6 +35,7 @@ from .forward import STREAM_BROKEN, Forwarder
 from .gate import RequestGate
 from .inflight import STREAM_ABORTED, AbortedBySleep, InFlightRequests
 from .metrics import Metrics
+from .outcome import Outcome
 from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .rules import control_refusal
 from .states import State

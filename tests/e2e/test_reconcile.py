@@ -214,3 +214,18 @@ async def test_a_weight_update_session_lost_to_an_unseen_restart_is_closed_not_s
         ).status == 200
     snapshot = await stack.state()
     assert snapshot["state"] == "RUNNING" and snapshot["weights_stale"] is False, snapshot
+
+
+async def test_an_update_inside_a_session_is_refused_once_the_engine_has_failed(make_stack: Any) -> None:
+    """Found by the stateful model test: the in-session fast path (never queued, the trainer's NCCL send runs
+    beside it) skipped the rules, so with the session still open in our record an /update_weights went to
+    an engine the proxy knew had failed."""
+    stack = await make_stack()
+    assert (await stack.client.post("/start_weight_update")).status == 200
+    await stack.wait_state("UPDATING_WEIGHTS")
+    stack.sim.errored = True  # the engine core died; the API server lingers with /health 503
+    await stack.wait_state("FAILED")
+    before = stack.sim_count("update_weights")
+    resp = await stack.client.post("/update_weights", json={"update_info": {}})
+    assert resp.status == 503 and resp.headers["X-Lifeguard-Reason"] == "engine_unavailable"
+    assert stack.sim_count("update_weights") == before

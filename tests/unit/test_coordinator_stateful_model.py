@@ -32,11 +32,12 @@ from lifeguard_sim.errors import EngineGone, EngineHTTPError
 from lifeguard_sim.settings import SimSettings
 from proxy.calls import LifecycleCall, parse_call
 from proxy.config import Settings
-from proxy.coordinator import LifecycleCoordinator, Outcome
+from proxy.coordinator import LifecycleCoordinator
 from proxy.errors import LifeguardError, UpstreamUnreachable
 from proxy.gate import RequestGate
 from proxy.gpu import DeviceMemory, GpuReading
 from proxy.metrics import Metrics
+from proxy.outcome import Outcome
 from proxy.probes import Verifier
 from proxy.routes import LIFECYCLE_PATHS
 from proxy.rules import Admission
