@@ -242,3 +242,18 @@ async def test_no_token_reaches_the_logs(make_stack: Callable[..., Awaitable[Sta
     for secret in (TOKEN, INFERENCE_KEY):
         assert secret not in caplog.text
         assert secret not in state and secret not in metrics
+
+
+@pytest.mark.parametrize("header", ["Authorization", "X-Lifeguard-Token"])
+async def test_the_admin_token_is_never_forwarded_to_vllm(
+    aiohttp_server: Any, aiohttp_client: Any, header: str
+) -> None:
+    """The header that carried the admin token authorises the call here; vLLM never sees the token."""
+    client, echo = await _echo_stack(aiohttp_server, aiohttp_client, admin_token=TOKEN)
+    value = f"Bearer {TOKEN}" if header == "Authorization" else TOKEN
+    resp = await client.post("/abort_requests", json={}, headers={header: value, "X-Session-ID": "kept"})
+    assert resp.status == 200
+    seen = echo.headers_for("/abort_requests")
+    assert header.lower() not in seen
+    assert TOKEN not in repr(seen)
+    assert seen["x-session-id"] == "kept"
