@@ -70,3 +70,16 @@ def test_a_weight_update_session_counts_as_cut_only_between_its_start_and_a_late
     assert session_cut([start], [(3.0, 4.0)])
     assert not session_cut([start, finish], [(3.0, 4.0)])
     assert not session_cut([start], [(0.5, 0.9)])
+
+
+def test_a_pause_recorded_just_after_a_restart_the_proxy_has_not_seen_yet_is_known_stale() -> None:
+    """Bounded CI run, seed 2791: the engine slept, died and was restarted awake; a /pause 0.7 s later was
+    recorded from the proxy's belief (still SLEEPING until the next reconcile round). Answered from belief
+    within 1 s of a death: the documented stale_noop, restart or not; 2 s later it is a broken invariant."""
+    asleep = _engine(executor_tags=["kv_cache", "weights"], is_sleeping=True, paused=True, sleep_level=1)
+    timeline = [(0.0, asleep), (0.1, _engine(dead=True)), (0.6, _engine())]
+    soon = Call("pause", t_send=0.8, t_end=0.9, status=200, outcome="deferred", deferred=True, query=[("mode", "wait")])
+    late = Call("pause", t_send=2.1, t_end=2.2, status=200, outcome="deferred", deferred=True, query=[("mode", "wait")])
+    checked, bad = untruthful([soon, late], timeline)
+    assert checked == 2
+    assert [(call.t_send, known) for call, known in bad] == [(0.8, "stale_noop"), (2.1, "")]
