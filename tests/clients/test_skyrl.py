@@ -156,5 +156,6 @@ async def test_generate_needs_vllm_started_with_scale_out(
     async with client(skyrl, stack) as engine_client:
         with pytest.raises(aiohttp.ClientResponseError) as raised:
             await rollout(engine_client)
-    assert raised.value.status == 404, "vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out"
+    assert raised.value.status == 403, "vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out"
+    assert "--enable-scale-out" in raised.value.message
     await stack.assert_clean()
