@@ -81,8 +81,7 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     routes_openai.add_routes(app)
     routes_lifecycle.add_routes(app)
     routes_info.add_routes(app)
-    if settings.enable_scale_out:
-        routes_generate.add_routes(app)
+    routes_generate.add_routes(app, settings.enable_scale_out)
     if settings.enable_lora:
         routes_lora.add_routes(app)
     trainer_servers.add_routes(app, frozenset(settings.trainer_servers))

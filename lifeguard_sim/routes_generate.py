@@ -1,6 +1,8 @@
 """``POST /inference/v1/generate``: vLLM 0.32's token-in/token-out route
 (``vllm/entrypoints/scale_out/token_in_token_out/``), mounted only with ``--enable-scale-out``
-(``SimSettings.enable_scale_out``); without it vLLM answers 404, and so does the simulator.
+(``SimSettings.enable_scale_out``). Without it vLLM 0.32 still routes the path, to a stand-in that answers
+403 ``PermissionDeniedError`` (``register_scale_out_api_routers`` in ``vllm/entrypoints/scale_out/factories.py``),
+and so does the simulator.
 
 Request: ``token_ids`` (non-empty, non-negative), ``sampling_params`` (vLLM's SamplingParams: here
 ``max_tokens``, ``logprobs``, ``n``), optional ``model``, ``request_id``, ``return_token_ids``.
@@ -97,5 +99,12 @@ async def generate_route(request: web.Request) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/inference/v1/generate", generate_route)
+SCALE_OUT_DISABLED = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+
+
+async def disabled_route(request: web.Request) -> web.Response:
+    raise errors.EngineHTTPError(403, errors.openai_error(SCALE_OUT_DISABLED, "PermissionDeniedError", 403))
+
+
+def add_routes(app: web.Application, enabled: bool) -> None:
+    app.router.add_post("/inference/v1/generate", generate_route if enabled else disabled_route)

@@ -33,7 +33,7 @@ class SimSettings:
     watchdog_seconds: float = 5.0
     max_model_len: int = 16384
     dtype: str = "bfloat16"
-    # vLLM 0.32 mounts /inference/v1/generate only with --enable-scale-out; without it the route is a 404.
+    # vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out; without it the route answers 403.
     enable_scale_out: bool = False
     # vLLM mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with --enable-lora and
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1.

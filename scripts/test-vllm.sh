@@ -2,7 +2,9 @@
 # `make test-vllm`: the end-to-end suite against a real vLLM-for-CPU (docs/real-vllm.md).
 #
 #   1. scripts/vllm/setup-vllm.sh: the vLLM venv + tiny model in the user cache (~3 min once, then instant);
-#   2. tests/vllm through the proxy: one vLLM per pytest session (plus one restart for engine death);
+#   2. tests/vllm through the proxy: one vLLM per pytest session (plus one restart for engine death),
+#      started with --enable-scale-out; test_vllm_clients.py drives it with the trainers' own client
+#      modules, from the cached site scripts/clients-site.sh installs (it skips if that install fails);
 #   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
 #
 # Exits non-zero if either suite fails. Logs (vLLM, proxies) go to $LIFEGUARD_VLLM_LOG_DIR
@@ -18,6 +20,13 @@ eval "$setup_env"
 export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
 export LIFEGUARD_VLLM_LOG_DIR=${LIFEGUARD_VLLM_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lifeguard-vllm.XXXXXX")}
 mkdir -p "$LIFEGUARD_VLLM_LOG_DIR"
+source scripts/clients-site.sh
+if LIFEGUARD_CLIENTS_SITE=$(client_site "$BIN"); then
+  export LIFEGUARD_CLIENTS_SITE
+else
+  log "installing the trainers' client packages failed: tests/vllm/test_vllm_clients.py will skip"
+  unset LIFEGUARD_CLIENTS_SITE
+fi
 t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"

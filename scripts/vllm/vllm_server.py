@@ -50,6 +50,11 @@ VLLM_ENV = {
 }
 
 
+# Flags both suites' servers get: --enable-scale-out mounts /inference/v1/generate, the rollout route of
+# SkyRL, prime-rl and vime (vLLM 0.32 answers it 403 without the flag).
+SUITE_ARGS = ("--enable-scale-out",)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -234,8 +239,7 @@ def main() -> int:
     ap.add_argument("--log", default=None, help="vLLM log file (default: a temp file)")
     ap.add_argument("--timeout", type=float, default=240.0)
     args = ap.parse_args()
-    # The conformance suite's engine: --enable-scale-out mounts /inference/v1/generate (trainers' rollout route).
-    server = VllmServer(port=args.port, log_path=args.log, extra_args=("--enable-scale-out",))
+    server = VllmServer(port=args.port, log_path=args.log, extra_args=SUITE_ARGS)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from clients.stand_ins import modules_restored
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.app import create_app
@@ -27,9 +27,6 @@ from proxy.config import Settings
 
 MODEL = "tiny"
 HOLD_TIMEOUT_S = 4.0
-# The trainers' packages and the heavyweight packages stood in for (stand_ins.py). Ordinary libraries
-# (requests, httpx) stay imported: re-importing them breaks their isinstance checks.
-STAND_IN_ROOTS = frozenset({"skyrl", "trl", "areal", "accelerate", "torch", "transformers", "vllm"})
 
 
 HERE = Path(__file__).parent
@@ -54,12 +51,8 @@ def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _restore_modules() -> Iterator[None]:
-    """Stand-ins and client modules never leak from one scenario into the next."""
-    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] in STAND_IN_ROOTS}
-    yield
-    for name in [name for name in sys.modules if name.split(".")[0] in STAND_IN_ROOTS]:
-        del sys.modules[name]
-    sys.modules.update(saved)
+    with modules_restored():
+        yield
 
 
 @dataclass

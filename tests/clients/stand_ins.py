@@ -7,6 +7,8 @@ The packages' `__init__` files import torch, Ray, vLLM and the trainers' whole s
 * The few heavyweight names an HTTP module imports at its top are replaced by small stand-ins, each
   built by a function here named for what it replaces. None of them is on an HTTP path: they are the
   NCCL data path (TRL's trainer-side broadcast), logging helpers, or type annotations.
+* `skyrl_remote_inference_client`, `trl_async_grpo_client`, `trl_server_mode_client` import the client
+  classes this way; tests/clients (simulator) and tests/vllm/test_vllm_clients.py (real vLLM) share them.
 * `definitions(path, names)` compiles chosen top-level definitions of a module whose imports are far too
   heavy (AReaL's `VLLMBackend` next to torch and Ray), unmodified, in a namespace of their own.
 """
@@ -15,18 +17,24 @@ from __future__ import annotations
 import __future__
 
 import ast
+import contextlib
 import importlib
 import logging
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 SITE_ENV = "LIFEGUARD_CLIENTS_SITE"
+# The vLLM the proxy guards: TRL picks its code paths by vLLM version (trl_import_utils).
+GUARDED_VLLM = (0, 32)
+# The trainers' packages and the heavyweight packages stood in for. Ordinary libraries (requests, httpx)
+# stay imported: re-importing them breaks their isinstance checks.
+STAND_IN_ROOTS = frozenset({"skyrl", "trl", "areal", "accelerate", "torch", "transformers", "vllm"})
 
 
 def client_site() -> Path:
@@ -37,6 +45,18 @@ def client_site() -> Path:
     if site not in sys.path:
         sys.path.append(site)  # after the dev venv: the site only adds what the venv lacks
     return Path(site)
+
+
+@contextlib.contextmanager
+def modules_restored() -> Iterator[None]:
+    """Stand-ins and client modules imported inside never leak into the next scenario."""
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] in STAND_IN_ROOTS}
+    try:
+        yield
+    finally:
+        for name in [name for name in sys.modules if name.split(".")[0] in STAND_IN_ROOTS]:
+            del sys.modules[name]
+        sys.modules.update(saved)
 
 
 def _package(name: str, path: Path) -> types.ModuleType:
@@ -150,6 +170,30 @@ class NcclSide:
             "vllm.distributed.weight_transfer.nccl_common": common,
             "vllm.distributed.weight_transfer.packed_tensor": packed,
         }
+
+
+# --- the client classes, imported unmodified from the client site
+
+
+def skyrl_remote_inference_client(site: Path) -> Any:
+    """`skyrl.backends.skyrl_train.inference_servers.remote_inference_client` (the module)."""
+    inference_servers = "skyrl.backends.skyrl_train.inference_servers"
+    return load(bare_packages(site, inference_servers), f"{inference_servers}.remote_inference_client")
+
+
+def trl_async_grpo_client(site: Path) -> Any:
+    """`trl.experimental.async_grpo.vllm_client.VLLMClient`."""
+    stand_ins = {**bare_packages(site, "trl.experimental.async_grpo"), **accelerate_logging()}
+    stand_ins["trl.import_utils"] = trl_import_utils(GUARDED_VLLM)
+    return load(stand_ins, "trl.experimental.async_grpo.vllm_client").VLLMClient
+
+
+def trl_server_mode_client(site: Path, nccl: NcclSide) -> Any:
+    """`trl.generation.vllm_client.VLLMClient` (GRPO's `vllm_mode="server"`), its NCCL side stood in by `nccl`."""
+    stand_ins = {**bare_packages(site, "trl.generation"), **torch_for_annotations(), **transformers_json_schema()}
+    stand_ins.update(nccl.modules())
+    stand_ins["trl.import_utils"] = trl_import_utils(GUARDED_VLLM)
+    return load(stand_ins, "trl.generation.vllm_client").VLLMClient
 
 
 def definitions(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from clients.conftest import Stack
-from clients.stand_ins import bare_packages, client_site, definitions, load
+from clients.stand_ins import client_site, definitions, skyrl_remote_inference_client
 
 SKYRL_SIM = {"trainer_servers": ("skyrl",), "enable_scale_out": True, "enable_lora": True}
 # docs/guides/skyrl.md: the proxy learns from SkyRL's finish RPC that a level-2 sleep's weights are back.
@@ -38,10 +38,7 @@ CHUNK = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 4]], "ipc_h
 
 @pytest.fixture
 def skyrl() -> Any:
-    site = client_site()
-    inference_servers = "skyrl.backends.skyrl_train.inference_servers"
-    module = load(bare_packages(site, inference_servers), f"{inference_servers}.remote_inference_client")
-    return module
+    return skyrl_remote_inference_client(client_site())
 
 
 def broadcast_init_info(site: Path) -> Any:
@@ -159,5 +156,6 @@ async def test_generate_needs_vllm_started_with_scale_out(
     async with client(skyrl, stack) as engine_client:
         with pytest.raises(aiohttp.ClientResponseError) as raised:
             await rollout(engine_client)
-    assert raised.value.status == 404, "vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out"
+    assert raised.value.status == 403, "vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out"
+    assert "--enable-scale-out" in raised.value.message
     await stack.assert_clean()

@@ -22,27 +22,14 @@ from typing import Any
 import pytest
 
 from clients.conftest import Stack
-from clients.stand_ins import (
-    NcclSide,
-    accelerate_logging,
-    bare_packages,
-    client_site,
-    load,
-    torch_for_annotations,
-    transformers_json_schema,
-    trl_import_utils,
-)
+from clients.stand_ins import NcclSide, client_site, trl_async_grpo_client, trl_server_mode_client
 
-GUARDED_VLLM = (0, 32)
 UPDATE_INFO = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 4]]}
 
 
 @pytest.fixture
 def async_grpo_client() -> Any:
-    site = client_site()
-    stand_ins = {**bare_packages(site, "trl.experimental.async_grpo"), **accelerate_logging()}
-    stand_ins["trl.import_utils"] = trl_import_utils(GUARDED_VLLM)
-    return load(stand_ins, "trl.experimental.async_grpo.vllm_client").VLLMClient
+    return trl_async_grpo_client(client_site())
 
 
 @pytest.fixture
@@ -52,11 +39,7 @@ def nccl() -> NcclSide:
 
 @pytest.fixture
 def server_mode_client(nccl: NcclSide) -> Any:
-    site = client_site()
-    stand_ins = {**bare_packages(site, "trl.generation"), **torch_for_annotations(), **transformers_json_schema()}
-    stand_ins.update(nccl.modules())
-    stand_ins["trl.import_utils"] = trl_import_utils(GUARDED_VLLM)
-    return load(stand_ins, "trl.generation.vllm_client").VLLMClient
+    return trl_server_mode_client(client_site(), nccl)
 
 
 async def in_thread(trainer: Callable[[], Any], timeout: float = 60) -> Any:

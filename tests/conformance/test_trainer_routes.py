@@ -96,13 +96,19 @@ async def test_generate_without_sampling_params_is_a_400(vllm: VllmApi) -> None:
     assert answer.status in (400, 422), answer.text
 
 
-async def test_generate_is_a_404_without_scale_out(aiohttp_server: Any, session: Any, sim_only: None) -> None:
+async def test_generate_is_a_403_without_scale_out(aiohttp_server: Any, session: Any, sim_only: None) -> None:
+    """vLLM 0.32 routes the path without the flag, to a 403 stand-in (entrypoints/scale_out/factories.py).
+    Simulator-only here because the real engine of this suite runs with the flag; tests/vllm's
+    test_vllm_clients.py checks what SkyRL sees through the proxy with it."""
     from lifeguard_sim.app import SimSettings, create_sim_app
 
     server = await aiohttp_server(create_sim_app(SimSettings(model="tiny")))
     body = {"token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 2}}
     async with session.post(server.make_url("/inference/v1/generate"), json=body) as response:
-        assert (response.status, await response.json()) == (404, {"detail": "Not Found"})
+        assert response.status == 403
+        error = (await response.json())["error"]
+        assert (error["type"], error["code"]) == ("PermissionDeniedError", 403)
+        assert "--enable-scale-out" in error["message"]
     async with session.post(server.make_url("/v1/load_lora_adapter"), json={"lora_name": "a"}) as response:
         assert response.status == 404
 

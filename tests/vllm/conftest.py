@@ -67,7 +67,8 @@ def vllm_server() -> Iterator[Any]:
         pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
     log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = VllmServer(log_path=log_dir / "vllm.log")
+    # --enable-scale-out: test_vllm_clients.py drives SkyRL's generate (/inference/v1/generate).
+    server = VllmServer(log_path=log_dir / "vllm.log", extra_args=vllm_server_mod.SUITE_ARGS)
     try:
         server.start()
         sys.stderr.write(f"\n[vllm] healthy on {server.url} after {server.starts[-1]:.1f} s\n")

@@ -1,0 +1,46 @@
+# Sourced, not run: the cached site directory with the RL trainers' own client packages, shared by
+# scripts/test-clients.sh (tests/clients, against the simulator) and scripts/test-vllm.sh
+# (tests/vllm/test_vllm_clients.py, against a real vLLM).
+#
+# The trainers' packages pull in torch, Ray, vLLM and more, so they are installed with `pip install
+# --no-deps` into a cached site directory, together with only the small packages their HTTP modules
+# import. The tests import only those modules (tests/clients/stand_ins.py names the few package-level
+# imports it stands in for). The directory lives outside the repo:
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/vllm-lifeguard/clients-<hash of the pins and this file>
+# (override with LIFEGUARD_CLIENTS_HOME); a marker written last makes a second run reuse it at once.
+# prime-rl and vime are not on PyPI (checked with `pip index versions`), so they are not installed here.
+
+# The trainers, newest the index serves (skyrl) or the version the guides name (trl, areal).
+CLIENT_TRAINERS=(skyrl==0.3.0 trl==1.16.0 areal==1.0.4)
+# What their HTTP modules import beyond the proxy's own dev environment (aiohttp, openai, pydantic):
+# TRL: requests (+ urllib3, certifi, charset-normalizer, idna); AReaL's http.py: httpx, tenacity,
+# and colorlog through areal.utils.logging.
+CLIENT_DEPS=(requests==2.34.2 urllib3==2.8.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3 idna==3.20
+             httpx==0.29.0 httpcore==1.0.9 h11==0.16.0 tenacity==9.2.1 colorlog==6.12.0)
+
+# client_site BIN_DIR: install the site with BIN_DIR/pip unless it is ready; print its path on stdout.
+# Progress goes to stderr; returns non-zero (and prints nothing) if the install fails.
+client_site() {
+  local bin=$1 key site marker
+  key=$( { printf '%s\n' "${CLIENT_TRAINERS[@]}" "${CLIENT_DEPS[@]}"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+  site=${LIFEGUARD_CLIENTS_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-lifeguard/clients-$key}
+  marker=$site/.lifeguard-ready
+  if [[ -f $marker ]]; then
+    echo "[clients-site] reusing $site" >&2
+    echo "$site"
+    return 0
+  fi
+  mkdir -p "$(dirname "$site")" || return 1
+  (
+    flock 9
+    if [[ ! -f $marker ]]; then
+      echo "[clients-site] installing ${CLIENT_TRAINERS[*]} (--no-deps) and ${#CLIENT_DEPS[@]} small deps into $site" >&2
+      rm -rf "$site"
+      "$bin/pip" install -q --disable-pip-version-check --no-deps --target "$site" \
+        "${CLIENT_TRAINERS[@]}" "${CLIENT_DEPS[@]}" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2 || exit 1
+      echo "$key" > "$marker"
+    fi
+  ) 9>"$site.lock" || return 1
+  echo "$site"
+}
