@@ -149,7 +149,8 @@ class LifecycleCoordinator:
         finally:
             self._pending.pop(call.key, None)
 
-    async def _locked(self, call: LifecycleCall) -> Outcome:
+    async def _acquire(self) -> None:
+        """Wait for the lock, FIFO, at most lifecycle_queue_timeout_s; then 409 lifecycle_busy."""
         try:
             async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
                 await self._lock.acquire()
@@ -157,6 +158,9 @@ class LifecycleCoordinator:
             raise LifecycleBusy(
                 f"another lifecycle operation held the engine for {self._settings.lifecycle_queue_timeout_s:g} s",
             ) from None
+
+    async def _locked(self, call: LifecycleCall) -> Outcome:
+        await self._acquire()
         try:
             return await self._execute(call)
         finally:
@@ -223,13 +227,7 @@ class LifecycleCoordinator:
         transition in progress, never during one; it is not held by a sleep or a pause."""
         if (refusal := control_refusal(self.record.view())) is not None:
             raise refusal
-        try:
-            async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
-                await self._lock.acquire()
-        except TimeoutError:
-            raise LifecycleBusy(
-                f"a lifecycle operation held the engine for {self._settings.lifecycle_queue_timeout_s:g} s",
-            ) from None
+        await self._acquire()
         try:
             if (refusal := control_refusal(self.record.view())) is not None:
                 raise refusal
