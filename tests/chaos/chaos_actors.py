@@ -28,6 +28,20 @@ SIM_SCRIPT = Path(__file__).with_name("sim_process.py")
 PROMPTS = ("The capital of France is", "Once upon a time", "def fib(n):", "Roses are red", "hello")
 
 
+async def wait_for_200(session: aiohttp.ClientSession, url: str, timeout: float, failure: str) -> None:
+    """Poll `url` until it answers 200 (a process that is starting refuses or times out meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                if resp.status == 200:
+                    return
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{failure}: no 200 within {timeout} s")
+
+
 @dataclass
 class Tally:
     """Everything the actors recorded."""
@@ -75,16 +89,7 @@ class SimSupervisor:
             self.proc.send_signal(signal.SIGKILL)
 
     async def wait_healthy(self, session: aiohttp.ClientSession, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                    if resp.status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"the simulator did not become healthy within {timeout} s (see sim.log)")
+        await wait_for_200(session, self.url + "/health", timeout, "the simulator did not become healthy (see sim.log)")
 
     async def restarter(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

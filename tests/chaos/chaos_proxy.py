@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+from chaos_actors import wait_for_200
 
 
 class ProxySupervisor:
@@ -41,16 +42,7 @@ class ProxySupervisor:
         return killed
 
     async def wait_listening(self, session: aiohttp.ClientSession, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(self.base + "/lifeguard/healthz", timeout=aiohttp.ClientTimeout(total=1)) as r:
-                    if r.status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"the restarted proxy did not listen within {timeout} s (see proxy.log)")
+        await wait_for_200(session, self.base + "/lifeguard/healthz", timeout, "the restarted proxy (see proxy.log)")
 
     def stop(self) -> int | None:
         """SIGTERM to the proxy now running: it must shut down cleanly (exit 0)."""

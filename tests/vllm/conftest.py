@@ -7,7 +7,6 @@ Run through ``make test-vllm`` (``scripts/test-vllm.sh``), which sets up the vLL
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -25,14 +24,11 @@ from typing import Any
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
+from vllm_e2e import load_file_module
 
 REPO = Path(__file__).resolve().parents[2]
 
-_spec = importlib.util.spec_from_file_location("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
-assert _spec and _spec.loader
-vllm_server_mod = importlib.util.module_from_spec(_spec)
-sys.modules["lifeguard_vllm_server"] = vllm_server_mod
-_spec.loader.exec_module(vllm_server_mod)
+vllm_server_mod = load_file_module("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
 VllmServer = vllm_server_mod.VllmServer
 free_port = vllm_server_mod.free_port
 

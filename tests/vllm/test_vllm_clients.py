@@ -21,23 +21,17 @@ the cached site scripts/clients-site.sh installs; scripts/test-vllm.sh exports L
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import MODEL, engine_never_saw_it, lg_state, vllm_flags, wait_held, wait_state
+from vllm_e2e import MODEL, engine_never_saw_it, lg_state, load_file_module, vllm_flags, wait_held, wait_state
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("lifeguard_client_stand_ins", REPO / "tests/clients/stand_ins.py")
-assert _spec and _spec.loader
-stand_ins = importlib.util.module_from_spec(_spec)
-sys.modules["lifeguard_client_stand_ins"] = stand_ins
-_spec.loader.exec_module(stand_ins)
+stand_ins = load_file_module("lifeguard_client_stand_ins", REPO / "tests/clients/stand_ins.py")
 
 pytestmark = [
     pytest.mark.vllm,
