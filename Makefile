@@ -43,8 +43,8 @@ test-image: setup  ## podman builds and runs the image; the k8s pod runs around 
 test-observability: setup  ## real Prometheus scraping the proxy; every panel and alert has data
 	bash scripts/check-observability.sh
 
-chaos: setup  ## the full chaos run (CI runs a bounded one)
-	bash scripts/chaos.sh
+chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to chaos_run.py
+	bash scripts/chaos.sh $(CHAOS_ARGS)
 
 bench: setup  ## the performance table (docs/performance.md)
 	bash scripts/bench.sh
