@@ -26,7 +26,7 @@ from .errors import LifecycleBusy, LifeguardError, UpstreamError, UpstreamReject
 from .gate import RequestGate
 from .gpu import GpuReading
 from .inflight import InFlightRequests
-from .memo import Memo, StateMemo
+from .memo import StateMemo
 from .metrics import Metrics
 from .observation import Observation
 from .outcome import Outcome, answered_by_us, from_vllm
@@ -83,6 +83,8 @@ class LifecycleCoordinator:
                 self.record.paused_by_user(previous.user_pause)
             if previous.weights_stale is not None:
                 self.record.mark_stale(previous.weights_stale)
+            if previous.asleep_tags:
+                self.record.remembered_asleep(frozenset(previous.asleep_tags), previous.sleep_level)
         self._refresh_gate()
 
     @property
@@ -289,7 +291,7 @@ class LifecycleCoordinator:
 
     def _remember(self) -> None:
         if self._memo.enabled:
-            self._memo.save(Memo(self.record.weights_stale, self.record.user_pause))
+            self._memo.save(self.record.memo())
 
 
 def _outcome_of(error: LifeguardError) -> str:

@@ -3,8 +3,10 @@ restarted beside the same vLLM (a sidecar OOM-killed or updated) does not forget
 
 vLLM shows whether it sleeps and, through its `engine_sleep_state` gauge, at which level; it does not show
 that its weights were discarded by a level-2 sleep once it is awake again (the gauge reads awake after any
-full wake), nor a pause the proxy recorded to re-apply on the wake. Without the memo a new proxy would see
-an awake engine and release inference onto discarded weights.
+full wake), nor a pause the proxy recorded to re-apply on the wake, nor which tags are still asleep after a
+`/wake_up` that answered 200 without waking (the gauge then reads awake, and the flags "asleep and paused"
+read exactly like a pause). Without the memo a new proxy would see an awake or merely paused engine and
+release inference or a weight reload onto weights that are discarded or asleep.
 
 The memo is pessimistic: "discarded" is written *before* a level-2 sleep is sent (a proxy killed while it
 runs may never learn its outcome) and cleared only once the weights were loaded again. A vLLM restarted
@@ -21,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .rules import Staleness
+from .rules import ALL_SLEEP_TAGS, Staleness
 
 log = logging.getLogger("lifeguard.memo")
 
@@ -32,6 +34,9 @@ class Memo:
     weights_stale: Staleness | None = None
     # The pause to re-apply on the next wake (a /pause recorded while asleep).
     user_pause: str | None = None
+    # What the proxy held to be asleep, and at which level: only a verified wake clears them.
+    asleep_tags: tuple[str, ...] = ()
+    sleep_level: int | None = None
 
 
 # What a memo that cannot be read means: the weights cannot be vouched for.
@@ -54,11 +59,17 @@ class StateMemo:
         try:
             raw = json.loads(self._path.read_text())
             stale = raw.get("weights_stale")
-            memo = Memo(weights_stale=None if stale is None else Staleness(stale), user_pause=raw.get("user_pause"))
-        except (OSError, ValueError, AttributeError) as exc:  # ValueError: bad JSON, or no such Staleness
+            memo = Memo(
+                weights_stale=None if stale is None else Staleness(stale),
+                user_pause=raw.get("user_pause"),
+                asleep_tags=tuple(raw.get("asleep_tags", ())),
+                sleep_level=raw.get("sleep_level"),
+            )
+        except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
             return UNREADABLE
-        if not isinstance(memo.user_pause, str | None):
+        if not _well_formed(memo):
+            log.warning("state file %s malformed (%s): weights treated as stale", self._path, memo)
             return UNREADABLE
         self._saved = memo
         return memo
@@ -74,3 +85,11 @@ class StateMemo:
             log.error("could not write the state file %s: %r", self._path, exc, extra={"event": "memo_failed"})
             return
         self._saved = memo
+
+
+def _well_formed(memo: Memo) -> bool:
+    return (
+        isinstance(memo.user_pause, str | None)
+        and all(tag in ALL_SLEEP_TAGS or tag == "scheduling" for tag in memo.asleep_tags)
+        and (memo.sleep_level is None or (type(memo.sleep_level) is int and 0 <= memo.sleep_level <= 2))
+    )

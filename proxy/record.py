@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from .memo import Memo
 from .metrics import Metrics
 from .observation import Observation
 from .rules import EngineView, Staleness, asleep_tags_for
@@ -99,6 +100,10 @@ class EngineRecord:
     def weights_stale(self) -> Staleness | None:
         return self._facts.weights_stale
 
+    def memo(self) -> Memo:
+        """What a restarted proxy could not read back from vLLM (proxy/memo.py)."""
+        return Memo(self.weights_stale, self.user_pause, tuple(sorted(self.asleep_tags)), self.sleep_level)
+
     def _set(self, **facts: Any) -> None:
         self._facts = replace(self._facts, **facts)
         self._on_view_change()
@@ -122,6 +127,10 @@ class EngineRecord:
     def woke(self, remaining: frozenset[str]) -> None:
         """A verified wake: `remaining` is what is still asleep (nothing: fully awake, no sleep level)."""
         self._set(asleep_tags=remaining, sleep_level=self.sleep_level if remaining else None)
+
+    def remembered_asleep(self, tags: frozenset[str], level: int | None) -> None:
+        """A restarted proxy's state file says these tags were asleep (vLLM's flags cannot tell them from a pause)."""
+        self._set(asleep_tags=tags, sleep_level=level)
 
     def paused_by_user(self, mode: str) -> None:
         """The user's pause, kept across a sleep/wake cycle (vLLM's /wake_up lifts it)."""
@@ -187,7 +196,8 @@ class EngineRecord:
             self.settle(State.UPDATING_WEIGHTS)
         elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING) or obs.metric_awake:
             # Older vLLM set the gauge awake after a partial wake too: "awake" only overrides a non-sleep hint.
-            if hint in (State.SLEEPING, State.WAKING, State.FALLING_ASLEEP) and self.asleep_tags:
+            # STARTING: a restarted proxy whose state file kept the tags a lying wake left asleep.
+            if hint in (State.SLEEPING, State.WAKING, State.FALLING_ASLEEP, State.STARTING) and self.asleep_tags:
                 self.settle(State.SLEEPING)
                 return
             self._set(user_pause=self.user_pause or "abort", asleep_tags=frozenset(), sleep_level=None)

@@ -8,13 +8,14 @@ engine really is and raise the caught "200 lie" (503 verification_failed).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from .calls import LifecycleCall
 from .config import Settings
 from .engine_calls import EngineCalls
 from .errors import VerificationFailed
 from .gate import RequestGate
-from .memo import Memo, StateMemo
+from .memo import StateMemo
 from .metrics import Metrics
 from .outcome import Outcome, from_vllm
 from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
@@ -71,7 +72,7 @@ class SleepOperations:
             idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
-            self._memo.save(Memo(Staleness.DISCARDED, self._record.user_pause))
+            self._memo.save(replace(self._record.memo(), weights_stale=Staleness.DISCARDED))
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)

@@ -107,3 +107,25 @@ async def test_an_unreadable_state_file_means_the_weights_cannot_be_vouched_for(
     state = await _state(client)
     assert state["state"] == "RUNNING" and state["weights_stale"] is True
     await _held(client)
+
+
+async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_engine_asleep(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """Chaos finding (bounded run, seed 7364): the wake answered 200 but nothing woke, and vLLM's gauge reads
+    awake. A new proxy sees the flags "asleep and paused" with the gauge "awake", exactly a pause; only the state
+    file knows the tags are still asleep. Taken for PAUSED, it let a weight reload onto sleeping weights."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
+    stack.faults("wake_up:lie-asleep")
+    assert (await stack.client.post("/wake_up")).status == 503
+    client = await _restarted(stack, aiohttp_client)
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["asleep_tags"] == ["kv_cache", "weights"]
+
+    reload = await client.post("/collective_rpc", json={"method": "reload_weights"})
+    assert reload.status == 409
+    await _held(client)
+    assert (await client.post("/wake_up")).status == 200
+    assert (await _state(client))["state"] == "RUNNING"
+    assert stack.sim.violations == []

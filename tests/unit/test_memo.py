@@ -1,0 +1,47 @@
+"""The state file: what a restarted proxy reads back, and what it makes of a file it cannot trust."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.memo import UNREADABLE, Memo, StateMemo
+from proxy.rules import Staleness
+
+
+def test_a_saved_memo_reads_back_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    memo = Memo(Staleness.DISCARDED, "keep", ("kv_cache", "weights"), 1)
+    StateMemo(str(path)).save(memo)
+    assert StateMemo(str(path)).load() == memo
+
+
+def test_a_memo_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"weights_stale": None, "user_pause": None}))
+    assert StateMemo(str(path)).load() == Memo()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"asleep_tags": ["weights", "gpu0"]},
+        {"asleep_tags": "weights"},
+        {"asleep_tags": ["weights"], "sleep_level": 7},
+        {"sleep_level": "1"},
+        {"user_pause": 3},
+        {"weights_stale": "maybe"},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_malformed_memo_means_the_weights_cannot_be_vouched_for(tmp_path: Path, raw: object) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(raw))
+    assert StateMemo(str(path)).load() == UNREADABLE
+
+
+def test_no_file_is_a_first_start(tmp_path: Path) -> None:
+    assert StateMemo(str(tmp_path / "absent.json")).load() is None
+    assert StateMemo(None).load() is None
