@@ -143,7 +143,13 @@ async def test_metrics_count_running_requests(vllm: VllmApi) -> None:
     async def running() -> bool:
         return await vllm.metric_sum("vllm:num_requests_running") >= 1
 
-    await eventually(running, what="num_requests_running >= 1")
+    # vLLM's API server updates its gauges after it hands the outputs on (AsyncLLM.output_handler), and a real
+    # vLLM short of CPU does so late: the client can see tokens, and the end of an aborted stream, first.
+    await eventually(running, timeout=30, what="num_requests_running >= 1")
     await vllm.post("/pause")
     await asyncio.wait_for(stream, 30)
-    assert await vllm.metric_sum("vllm:request_success_total", finished_reason="abort") >= 1
+
+    async def abort_counted() -> bool:
+        return await vllm.metric_sum("vllm:request_success_total", finished_reason="abort") >= 1
+
+    await eventually(abort_counted, timeout=30, what='request_success_total{finished_reason="abort"} >= 1')
