@@ -7,7 +7,10 @@
 #      modules, from the cached site scripts/clients-site.sh installs (it skips if that install fails);
 #   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
 #
-# Exits non-zero if either suite fails. Logs (vLLM, proxies) go to $LIFEGUARD_VLLM_LOG_DIR
+# A test that fails is run once more (pytest-rerunfailures, `-rR` lists it as a rerun): a real vLLM whose API
+# server shares two cores with the proxy and the tests now and then answers later than any sane deadline, and
+# one such late answer must not stop CI; a test that fails twice fails the suite. Exits non-zero if either
+# suite fails. Logs (vLLM, proxies) go to $LIFEGUARD_VLLM_LOG_DIR
 # (default: a fresh temp dir, printed at the end). Extra args are passed to the tests/vllm pytest run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -31,7 +34,7 @@ t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"
 t1=$SECONDS
-"$BIN/pytest" -m vllm tests/vllm -q -rfEs --durations=8 "$@"
+"$BIN/pytest" -m vllm tests/vllm -q -rfEsR --reruns 1 --durations=8 "$@"
 rc_e2e=$?
 t_e2e=$((SECONDS - t1))
 
@@ -64,7 +67,7 @@ if compgen -G "tests/conformance/test_*.py" >/dev/null; then
     sleep 0.5
   done
   if [[ -n $url ]]; then
-    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEs
+    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1
     rc_conf=$?
   fi
   stop_launcher
