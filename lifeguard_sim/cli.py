@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write simulated GPU memory as JSON here, atomically, at start and on every change",
     )
     add(
+        "--gpu-file-engine",
+        default=None,
+        metavar="NAME",
+        help="share --gpu-file and the device total with other simulators, this one's use under NAME; "
+        "a wake that does not fit fails with CUDA out of memory",
+    )
+    add(
         "--memory",
         type=MemoryKind,
         default=defaults.memory,
@@ -120,6 +127,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         token_seconds=args.token_seconds,
         faults=tuple(args.fault),
         gpu_file=args.gpu_file,
+        gpu_file_engine=args.gpu_file_engine,
         memory=args.memory,
         weights_gib=args.weights_gib,
         kv_gib=args.kv_gib,

@@ -28,6 +28,7 @@ from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
+from lifeguard_sim.shared_gpu import SharedGpuFile
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
 # The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/).
@@ -58,6 +59,9 @@ class Engine:
         self._stopping = asyncio.Event()
         self._watchdog: asyncio.TimerHandle | None = None
         self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
+        self._shared = None
+        if self._gpu_file is not None and settings.gpu_file_engine:
+            self._shared = SharedGpuFile(self._gpu_file, settings.gpu_file_engine, self.memory.total_bytes)
         self._written: dict[str, object] | None = None
         self.death_reason: str | None = None
         self._epoch = 0
@@ -147,7 +151,10 @@ class Engine:
         """Write the GPU file when memory moved (and once at start)."""
         snapshot = self.memory.snapshot()
         if self._gpu_file is not None and snapshot != self._written:
-            write_gpu_file(self._gpu_file, snapshot)
+            if self._shared is not None:
+                self._shared.publish(snapshot)
+            else:
+                write_gpu_file(self._gpu_file, snapshot)
             self._written = snapshot
 
     async def _move(self, move: Callable[[], bool]) -> None:
@@ -280,6 +287,12 @@ class Engine:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
                 # Executor.wake_up is all or nothing: one tag that is not asleep makes the call a no-op.
                 to_wake = wanted if wanted <= self.executor_tags else set()
+                if (
+                    to_wake
+                    and self._shared
+                    and not self._shared.fits(self.memory.used_bytes + self.memory.added_by(to_wake))
+                ):
+                    raise self._failure("wake_up")  # the device is full: vLLM's OOM, and the engine stays asleep
                 if to_wake:
                     await asyncio.sleep(self.settings.wake_seconds)
                     self.executor_tags -= to_wake

@@ -19,6 +19,8 @@ class SimSettings:
     token_seconds: float = 0.002
     faults: Sequence[str] = field(default_factory=tuple)
     gpu_file: Path | str | None = None
+    # Share the GPU file (and the device's total) with other simulators, this one's use under this name.
+    gpu_file_engine: str | None = None
     # simulated: the books only; cuda: real allocations on cuda:0 that NVML sees (scripts/gpu-check.sh).
     memory: MemoryKind = MemoryKind.SIMULATED
     weights_gib: float = 16

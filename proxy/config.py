@@ -47,8 +47,8 @@ class EngineSettings(BaseModel):
     footprint_gib: float | None = Field(default=None, gt=0)
     # Served model names routed to it; empty: read from its GET /v1/models.
     models: tuple[str, ...] = ()
-    # What inference for it meets while it sleeps; null: the top-level on_sleeping.
-    on_sleeping: OnSleeping | None = None
+    # What inference for it meets while it sleeps; wake: swap it in (the top-level on_sleeping is not used).
+    on_sleeping: OnSleeping = "wake"
 
     @field_validator("upstream")
     @classmethod
@@ -224,7 +224,7 @@ class Settings(BaseSettings):
             update={
                 "upstream": engine.upstream,
                 "engines": (),
-                "on_sleeping": engine.on_sleeping or self.on_sleeping,
+                "on_sleeping": engine.on_sleeping,
                 "state_file": f"{self.state_file}.{engine.name}" if self.state_file else None,
             }
         )

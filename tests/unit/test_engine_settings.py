@@ -48,10 +48,13 @@ def test_a_bad_engine_is_refused_naming_it(engines: list[dict[str, object]], mes
 
 
 def test_each_engine_is_guarded_with_the_shared_settings_and_its_own_upstream() -> None:
-    settings = Settings(engines=TWO, state_file="/run/lg.json", on_sleeping="wake", hold_timeout_s=7)
+    settings = Settings(
+        engines=[TWO[0], {**TWO[1], "on_sleeping": "hold"}], state_file="/run/lg.json", hold_timeout_s=7
+    )
     judge = settings.for_engine(settings.engines[1])
     assert judge.upstream == "http://127.0.0.1:8001" and judge.engines == ()
-    assert judge.hold_timeout_s == 7 and judge.on_sleeping == "wake"
+    assert judge.hold_timeout_s == 7 and judge.on_sleeping == "hold"
+    assert settings.for_engine(settings.engines[0]).on_sleeping == "wake"  # an engine's default: swap it in
     assert judge.state_file == "/run/lg.json.judge"  # never one file for two engines
 
 

@@ -1,0 +1,167 @@
+"""Several engines on one simulated GPU behind one proxy (docs/model-swap.md): swaps by model name, the
+least recently used engine put to sleep, pinned engines, one wake at a time per GPU, out-of-memory wakes and
+engines dying mid-swap. Assertions are on the simulators' own books (counters, memory, violations), never on
+timing; every wait has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from e2e.conftest import GIB, MEDIUM, EnginesStack
+from lifeguard_sim.engine import Engine
+
+MakeEngines = Callable[..., Awaitable[EnginesStack]]
+TOTAL = 80 * GIB
+
+
+async def test_a_request_for_a_sleeping_model_swaps_it_in(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    resp = await stack.completion("model-b")
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["model"] == "model-b"
+    assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
+    assert (stack.sim_count("a", "sleep"), stack.sim_count("b", "wake_up")) == (1, 1)
+    assert stack.sim(a := "a").is_sleeping and not stack.sim("b").is_sleeping, a
+    assert stack.device_used() <= TOTAL
+    # And back: the other model's request swaps again, each sleep and wake verified.
+    resp = await stack.completion("model-a")
+    assert resp.status == 200
+    assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
+    assert stack.violations() == {}
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_swaps_total{engine="b",outcome="ok"} 1.0' in metrics
+    assert 'lifeguard_swaps_total{engine="a",outcome="ok"} 1.0' in metrics
+    assert 'lifeguard_state{engine="a",lifeguard_state="RUNNING"} 1.0' in metrics
+
+
+async def test_the_least_recently_used_engine_is_the_one_put_to_sleep(make_engines: MakeEngines) -> None:
+    footprint = {"footprint_gib": 38}
+    stack = await make_engines(("a", "b", "c"), asleep=("c",), sizes=MEDIUM, engine={n: footprint for n in "abc"})
+    assert (await stack.completion("model-b")).status == 200
+    assert (await stack.completion("model-a")).status == 200  # a is now the most recently used
+    assert (await stack.completion("model-c")).status == 200
+    assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING", "c": "RUNNING"}
+    assert stack.sim_count("a", "sleep") == 0
+    state = await stack.state()
+    assert sorted(state["gpus"]["0"]["awake"]) == ["a", "c"]
+    assert state["gpus"]["0"]["engines"] == ["a", "b", "c"]
+    assert state["footprint_bytes"] == {"a": 38 * GIB, "b": 38 * GIB, "c": 38 * GIB}
+    assert stack.violations() == {}
+
+
+async def test_a_pinned_engine_is_never_put_to_sleep_and_nothing_is_woken_into_an_oom(
+    make_engines: MakeEngines,
+) -> None:
+    stack = await make_engines(engine={"a": {"pinned": True}, "b": {"footprint_gib": 50}})
+    resp = await stack.completion("model-b")
+    assert resp.status == 503
+    assert resp.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert int(resp.headers["Retry-After"]) >= 1
+    body = await resp.json()
+    assert body["error"]["reason"] == "insufficient_gpu_memory" and "pinned" in body["error"]["message"]
+    assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
+    assert (stack.sim_count("a", "sleep"), stack.sim_count("b", "wake_up")) == (0, 0)
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_swaps_total{engine="b",outcome="no_room"} 1.0' in metrics
+
+
+async def test_two_sleeping_models_requested_at_once_wake_one_at_a_time(make_engines: MakeEngines) -> None:
+    stack = await make_engines(asleep=("a", "b"), drain_before_sleep_s=5.0)
+    active: list[str] = []
+    overlaps: list[tuple[str, ...]] = []
+    for name in ("a", "b"):
+        _journal_wakes(stack.sim(name), name, active, overlaps)
+    first, second = await asyncio.gather(stack.completion("model-a"), stack.completion("model-b"))
+    assert (first.status, second.status) == (200, 200), (await first.text(), await second.text())
+    assert overlaps == []  # never two wakes on the GPU at once
+    assert stack.sim_count("a", "wake_up") + stack.sim_count("b", "wake_up") == 2
+    states = await stack.states()
+    assert sorted(states.values()) == ["RUNNING", "SLEEPING"]  # never two awake that do not fit
+    assert stack.device_used() <= TOTAL
+    assert stack.violations() == {}
+
+
+def _journal_wakes(engine: Engine, name: str, active: list[str], overlaps: list[tuple[str, ...]]) -> None:
+    """Record, in the simulator itself, every wake that starts while another engine's wake runs."""
+    original = engine.wake_up
+
+    async def journalled(tags: list[str] | None) -> dict[str, object]:
+        if active:
+            overlaps.append((*active, name))
+        active.append(name)
+        try:
+            return await original(tags)
+        finally:
+            active.remove(name)
+
+    engine.wake_up = journalled  # type: ignore[method-assign]
+
+
+async def test_a_wake_that_runs_out_of_memory_leaves_the_engine_asleep_and_answers_held_requests(
+    make_engines: MakeEngines,
+) -> None:
+    # The configured footprint is a lie (10 GiB; it takes 50): admission lets the wake through, vLLM runs out.
+    stack = await make_engines(engine={"a": {"pinned": True}, "b": {"footprint_gib": 10}})
+    resp = await stack.completion("model-b")
+    assert resp.status == 503
+    assert resp.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert stack.sim_count("b", "wake_up") == 1
+    assert stack.sim("b").is_sleeping and not stack.sim("a").is_sleeping
+    assert stack.device_used() <= TOTAL
+    await stack.wait_for(lambda s: s["engines"]["b"]["state"] == "SLEEPING" and not s["engines"]["b"]["lifecycle_busy"])
+    assert (await stack.states())["a"] == "RUNNING"
+    assert stack.violations() == {}
+
+
+async def test_an_engine_that_dies_while_put_to_sleep_never_leaves_two_awake(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    stack.sim("a").set_faults(["sleep:crash"])
+    resp = await stack.completion("model-b")
+    # a died during its sleep: its memory is still taken, so b is not woken into an OOM; the held request
+    # ends with a reason, it is never lost.
+    assert resp.status == 503
+    assert resp.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert stack.sim_count("b", "wake_up") == 0
+    assert stack.device_used() <= TOTAL
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "FAILED")
+    assert (await stack.states())["b"] == "SLEEPING"
+
+
+async def test_an_engine_that_dies_while_waking_ends_its_held_requests_with_a_reason(
+    make_engines: MakeEngines,
+) -> None:
+    stack = await make_engines(hold_timeout_s=2.0)
+    stack.sim("b").set_faults(["wake_up:crash"])
+    resp = await stack.completion("model-b")
+    assert resp.status == 503
+    assert resp.headers["X-Lifeguard-Reason"] in ("hold_timeout", "engine_unavailable")
+    assert await stack.states() == {"a": "SLEEPING", "b": "FAILED"}  # room was made; b never came up
+    assert stack.device_used() <= TOTAL
+    stack.sim("b").restart()  # a restarted vLLM is awake again: adopted, and it fits beside a sleeping a
+    await stack.wait_for(lambda s: s["engines"]["b"]["state"] == "RUNNING")
+    assert (await stack.completion("model-b")).status == 200
+
+
+async def test_a_trainers_wake_on_one_engines_base_url_goes_through_the_arbiter(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    resp = await stack.client.post("/engines/b/wake_up")
+    assert resp.status == 200, await resp.text()
+    assert "flags=pass" in resp.headers["X-Lifeguard-Verified"]
+    assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
+    assert stack.sim_count("a", "sleep") == 1
+    assert stack.violations() == {}
+
+
+async def test_swap_sleep_level_2_reloads_the_weights_after_the_wake(make_engines: MakeEngines) -> None:
+    stack = await make_engines(engine={"a": {"swap_sleep_level": 2}})
+    assert (await stack.completion("model-b")).status == 200
+    assert stack.sim("a").sleep_level == 2 and not stack.sim("a").weights_valid
+    resp = await stack.completion("model-a")
+    assert resp.status == 200, await resp.text()
+    assert stack.sim("a").weights_valid
+    assert (stack.sim_count("a", "collective_rpc"), stack.sim_count("a", "reset_prefix_cache")) == (1, 1)
+    state: dict[str, Any] = (await stack.state())["engines"]["a"]
+    assert state["state"] == "RUNNING" and not state["weights_stale"]
+    assert stack.violations() == {}
