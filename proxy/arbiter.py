@@ -242,7 +242,8 @@ class Arbiter:
                 gpus=other.config.gpus,
                 awake=coordinator.state is State.RUNNING,
                 pinned=other.config.pinned,
-                busy=coordinator.busy or coordinator.record.weight_update_active or other.config.name in tried,
+                # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
+                busy=coordinator.record.weight_update_active or other.config.name in tried,
                 inflight=other.gate.inflight,
                 held=other.gate.held,
                 last_used=other.gate.last_activity,

@@ -23,7 +23,7 @@ class Neighbour:
     gpus: tuple[int, ...]
     awake: bool  # RUNNING: its memory is taken and a sleep gives it back
     pinned: bool
-    busy: bool  # a lifecycle call or a weight update of its own is running, or it already failed to sleep
+    busy: bool  # a weight-update session of its own is open, or it already failed to sleep for this plan
     inflight: int
     held: int
     last_used: float  # monotonic time of its last request
@@ -67,7 +67,7 @@ def free_per_gpu(reading: GpuReading, gpus: Iterable[int]) -> dict[int, int] | N
 
 def eviction_order(gpus: tuple[int, ...], neighbours: Iterable[Neighbour], *, may_drain: bool) -> list[Neighbour]:
     """The engines that may be put to sleep to make room on `gpus`, least recently used first. Never a pinned
-    one, one busy with a call of its own, one with held requests, nor (unless requests may be drained first)
+    one, one in a weight update, one with held requests, nor (unless requests may be drained first)
     one with requests in flight; those with requests in flight come last."""
     shared = set(gpus)
     eligible = [
