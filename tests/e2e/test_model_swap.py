@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from e2e.conftest import GIB, MEDIUM, EnginesStack
 from lifeguard_sim.engine import Engine
 
@@ -34,6 +36,8 @@ async def test_a_request_for_a_sleeping_model_swaps_it_in(make_engines: MakeEngi
     assert 'lifeguard_swaps_total{engine="b",outcome="ok"} 1.0' in metrics
     assert 'lifeguard_swaps_total{engine="a",outcome="ok"} 1.0' in metrics
     assert 'lifeguard_state{engine="a",lifeguard_state="RUNNING"} 1.0' in metrics
+    families = {family.name for family in text_string_to_metric_families(metrics)}  # one family per name
+    assert {"lifeguard_swaps", "lifeguard_swap_duration_seconds", "lifeguard_state"} <= families
 
 
 async def test_the_least_recently_used_engine_is_the_one_put_to_sleep(make_engines: MakeEngines) -> None:
@@ -165,3 +169,46 @@ async def test_swap_sleep_level_2_reloads_the_weights_after_the_wake(make_engine
     state: dict[str, Any] = (await stack.state())["engines"]["a"]
     assert state["state"] == "RUNNING" and not state["weights_stale"]
     assert stack.violations() == {}
+
+
+async def test_a_weight_load_waits_for_a_wake_on_the_same_gpu_and_shows_in_the_swap_queue(
+    make_engines: MakeEngines,
+) -> None:
+    footprint = {"footprint_gib": 38}
+    stack = await make_engines(sizes=MEDIUM, engine={"a": footprint, "b": footprint})  # both fit awake
+    release = asyncio.Event()
+    running: list[str] = []
+    overlaps: list[tuple[str, ...]] = []
+    b, a = stack.sim("b"), stack.sim("a")
+    original_wake, original_rpc = b.wake_up, a.collective_rpc
+
+    async def held_wake(tags: list[str] | None) -> dict[str, object]:
+        running.append("wake:b")
+        try:
+            await asyncio.wait_for(release.wait(), 10)
+            return await original_wake(tags)
+        finally:
+            running.remove("wake:b")
+
+    async def journalled_rpc(method: str) -> dict[str, object] | None:
+        if running:
+            overlaps.append((*running, "rpc:a"))
+        return await original_rpc(method)
+
+    b.wake_up = held_wake  # type: ignore[method-assign]
+    a.collective_rpc = journalled_rpc  # type: ignore[method-assign]
+    wake = asyncio.ensure_future(stack.client.post("/engines/b/wake_up"))
+    await stack.wait_for(lambda s: any(t["engine"] == "b" and t["running"] for t in s["swap_queue"]))
+    rpc = asyncio.ensure_future(stack.client.post("/engines/a/collective_rpc", json={"method": "reload_weights"}))
+    queued = await stack.wait_for(lambda s: any(t["engine"] == "a" and not t["running"] for t in s["swap_queue"]))
+    assert [(t["engine"], t["op"], t["running"]) for t in queued["swap_queue"]] == [
+        ("b", "wake_up", True),
+        ("a", "collective_rpc", False),
+    ]
+    release.set()
+    assert (await wake).status == 200
+    assert (await rpc).status == 200
+    assert overlaps == []
+    assert await stack.states() == {"a": "RUNNING", "b": "RUNNING"}  # it fit: nobody was put to sleep
+    assert stack.sim_count("a", "sleep") == 0
+    assert (await stack.state())["swap_queue"] == []
