@@ -195,6 +195,10 @@ class Arbiter:
             )
             return False
         victim.reload_on_wake = level == 2
+        if victim.gate.held:
+            # Requests for it that arrived while it fell asleep asked for no wake (only those held while it
+            # sleeps do): ask now. The wake queues behind this swap, on the same GPU lock.
+            victim.gate.on_held_while_sleeping()
         log.info(
             "put %s to sleep (level %d) to make room for %s",
             victim.config.name,

@@ -212,3 +212,28 @@ async def test_a_weight_load_waits_for_a_wake_on_the_same_gpu_and_shows_in_the_s
     assert await stack.states() == {"a": "RUNNING", "b": "RUNNING"}  # it fit: nobody was put to sleep
     assert stack.sim_count("a", "sleep") == 0
     assert (await stack.state())["swap_queue"] == []
+
+
+async def test_a_request_that_arrives_while_its_engine_is_put_to_sleep_is_swapped_back_in(
+    make_engines: MakeEngines,
+) -> None:
+    stack = await make_engines(drain_before_sleep_s=5.0)
+    release = asyncio.Event()
+    a = stack.sim("a")
+    original_sleep = a.sleep
+
+    async def held_sleep(level: int, mode: str) -> dict[str, object]:
+        await asyncio.wait_for(release.wait(), 10)
+        return await original_sleep(level, mode)
+
+    a.sleep = held_sleep  # type: ignore[method-assign]
+    for_b = asyncio.ensure_future(stack.completion("model-b"))
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "FALLING_ASLEEP")
+    for_a = asyncio.ensure_future(stack.completion("model-a"))
+    await stack.wait_for(lambda s: s["engines"]["a"]["held_requests"] == 1)
+    release.set()
+    first, second = await asyncio.gather(for_b, for_a)
+    assert (first.status, second.status) == (200, 200), (await first.text(), await second.text())
+    assert stack.sim_count("a", "wake_up") == 1 and stack.sim_count("b", "sleep") == 2  # one before the proxy
+    assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
+    assert stack.violations() == {}
