@@ -237,3 +237,13 @@ async def test_a_request_that_arrives_while_its_engine_is_put_to_sleep_is_swappe
     assert stack.sim_count("a", "wake_up") == 1 and stack.sim_count("b", "sleep") == 2  # one before the proxy
     assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
     assert stack.violations() == {}
+
+
+async def test_many_requests_for_a_sleeping_model_make_one_swap(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    answers = await asyncio.gather(*(stack.completion("model-b", prompt=f"p{i}") for i in range(8)))
+    assert [resp.status for resp in answers] == [200] * 8
+    assert (stack.sim_count("a", "sleep"), stack.sim_count("b", "wake_up")) == (1, 1)
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_swaps_total{engine="b",outcome="ok"} 1.0' in metrics
+    assert stack.violations() == {}
