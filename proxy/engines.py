@@ -21,6 +21,7 @@ from functools import partial
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.metrics_core import Metric
@@ -36,7 +37,7 @@ from .metrics import SwapMetrics
 from .model_directory import ModelDirectory
 from .routes import RouteKind, build_table
 from .states import State
-from .target import Target, canonical_target
+from .target import Target, below_mount, canonical_target
 from .upstream import VllmClient
 
 ENGINE_APPS = web.AppKey("engine_apps", dict[str, web.Application])
@@ -58,6 +59,8 @@ def create_engines_app(settings: Settings, *, gpu: GpuMemoryReader | None = None
         SwapMetrics(registry, [engine.name for engine in settings.engines]),
     )
     apps: dict[str, web.Application] = {}
+    # A mount claims its bare path (no trailing slash) and has no route for it: answered as the engine's `/`.
+    app.middlewares.append(_bare_mount(apps))
     for engine in settings.engines:
         mount = f"{ENGINES_PREFIX}/{engine.name}"
         apps[engine.name] = create_app(
@@ -116,6 +119,23 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 raise ModelNotFound(model)
             return await serve_target(request, engines[serving], target)
     raise EngineNotChosen(_choose(target, engines, lifecycle=kind is RouteKind.LIFECYCLE))
+
+
+def _bare_mount(apps: dict[str, web.Application]) -> Middleware:
+    """`/engines/<name>` without a trailing slash: that engine's `/`, not aiohttp's plain-text 404."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            target = canonical_target(request.raw_path)
+            name = target.path[len(ENGINES_PREFIX) + 1 :]
+            if not target.path.startswith(ENGINES_PREFIX + "/") or name not in apps:
+                raise
+            return await serve_target(request, apps[name], below_mount(target, f"{ENGINES_PREFIX}/{name}"))
+
+    return middleware
 
 
 def _choose(target: Target, engines: Iterable[str], *, lifecycle: bool) -> str:

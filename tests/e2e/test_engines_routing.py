@@ -50,10 +50,18 @@ async def test_an_unprefixed_lifecycle_call_is_400_naming_the_choice(make_engine
 
 async def test_an_unknown_engine_is_404(make_engines: MakeEngines) -> None:
     stack = await make_engines()
-    resp = await stack.client.get("/engines/zzz/health")
-    assert resp.status == 404
-    assert resp.headers["X-Lifeguard-Reason"] == "unknown_engine"
-    assert "a, b" in (await resp.json())["error"]["message"]
+    for path in ("/engines/zzz/health", "/engines/zzz", "/engines/", "/engines"):
+        resp = await stack.client.get(path)
+        assert resp.status == 404, path
+        assert resp.headers["X-Lifeguard-Reason"] == "unknown_engine"
+        assert "a, b" in (await resp.json())["error"]["message"]
+
+
+async def test_an_engines_bare_base_url_is_its_root(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    for path in ("/engines/a", "/engines/a/"):
+        resp = await stack.client.get(path)
+        assert resp.status == 404 and await resp.json() == {"detail": "Not Found"}, path  # vLLM's own answer for /
 
 
 async def test_each_engines_base_url_is_the_single_engine_proxy(make_engines: MakeEngines) -> None:
