@@ -247,3 +247,26 @@ async def test_many_requests_for_a_sleeping_model_make_one_swap(make_engines: Ma
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
     assert 'lifeguard_swaps_total{engine="b",outcome="ok"} 1.0' in metrics
     assert stack.violations() == {}
+
+
+async def test_a_gpu_held_past_the_queue_deadline_is_409_lifecycle_busy(make_engines: MakeEngines) -> None:
+    footprint = {"footprint_gib": 38}
+    stack = await make_engines(sizes=MEDIUM, engine={"a": footprint, "b": footprint}, lifecycle_queue_timeout_s=0.3)
+    release = asyncio.Event()
+    b = stack.sim("b")
+    original_wake = b.wake_up
+
+    async def held_wake(tags: list[str] | None) -> dict[str, object]:
+        await asyncio.wait_for(release.wait(), 10)
+        return await original_wake(tags)
+
+    b.wake_up = held_wake  # type: ignore[method-assign]
+    wake = asyncio.ensure_future(stack.client.post("/engines/b/wake_up"))
+    await stack.wait_for(lambda s: any(t["engine"] == "b" and t["running"] for t in s["swap_queue"]))
+    busy = await stack.client.post("/engines/a/collective_rpc", json={"method": "reload_weights"})
+    release.set()
+    assert busy.status == 409
+    assert busy.headers["X-Lifeguard-Reason"] == "lifecycle_busy"
+    assert "GPU [0]" in (await busy.json())["error"]["message"]
+    assert stack.sim_count("a", "collective_rpc") == 0
+    assert (await wake).status == 200

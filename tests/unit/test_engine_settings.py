@@ -68,3 +68,9 @@ def test_engines_from_a_yaml_file(tmp_path: Path) -> None:
     settings = load_settings(config)
     assert [e.name for e in settings.engines] == ["policy", "judge"]
     assert settings.engines[0].pinned and settings.engines[1].footprint_gib == 20
+
+
+def test_engines_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIFEGUARD_ENGINES", '[{"name": "a", "upstream": "http://127.0.0.1:8000", "gpus": [1]}]')
+    settings = load_settings()
+    assert settings.engines == (EngineSettings(name="a", upstream="http://127.0.0.1:8000", gpus=(1,)),)

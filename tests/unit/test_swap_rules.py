@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from proxy.gpu import DeviceMemory, GpuReading
 from proxy.swap_rules import GIB, Evict, Fits, Neighbour, NoRoom, eviction_order, free_per_gpu, plan_room
 
@@ -70,3 +73,44 @@ def test_an_engine_on_two_gpus_needs_half_on_each() -> None:
     assert plan_room((0, 1), 40 * GIB, {0: 20 * GIB, 1: 20 * GIB}, [], may_drain=False) == Fits()
     plan = plan_room((0, 1), 40 * GIB, {0: 20 * GIB, 1: 10 * GIB}, [_n("a", gpus=(1,))], may_drain=False)
     assert plan == Evict("a")
+
+
+neighbours_strategy = st.lists(
+    st.builds(
+        Neighbour,
+        name=st.sampled_from("abcdefgh"),
+        gpus=st.sampled_from([(0,), (1,), (0, 1)]),
+        awake=st.booleans(),
+        pinned=st.booleans(),
+        busy=st.booleans(),
+        inflight=st.integers(0, 2),
+        held=st.integers(0, 2),
+        last_used=st.floats(0, 100),
+        footprint_bytes=st.one_of(st.none(), st.integers(1, 80).map(lambda g: g * GIB)),
+    ),
+    max_size=6,
+    unique_by=lambda n: n.name,
+)
+
+
+@given(
+    gpus=st.sampled_from([(0,), (1,), (0, 1)]),
+    need=st.one_of(st.none(), st.integers(1, 80).map(lambda g: g * GIB)),
+    free=st.one_of(st.none(), st.fixed_dictionaries({0: st.integers(0, 80), 1: st.integers(0, 80)})),
+    neighbours=neighbours_strategy,
+    may_drain=st.booleans(),
+)
+def test_a_plan_never_picks_an_engine_it_must_not_and_never_calls_a_shortfall_a_fit(
+    gpus: tuple[int, ...], need: int | None, free: dict[int, int] | None, neighbours: list[Neighbour], may_drain: bool
+) -> None:
+    free_bytes = {g: v * GIB for g, v in free.items()} if free is not None else None
+    plan = plan_room(gpus, need, free_bytes, neighbours, may_drain=may_drain)
+    if isinstance(plan, Evict):
+        victim = next(n for n in neighbours if n.name == plan.victim)
+        assert victim.awake and not victim.pinned and not victim.busy and victim.held == 0
+        assert set(victim.gpus) & set(gpus)
+        assert victim.inflight == 0 or may_drain
+    if isinstance(plan, Fits) and need is not None and free_bytes is not None:
+        assert all(free_bytes[g] >= need / len(gpus) for g in gpus)
+    if isinstance(plan, Fits) and (need is None or free_bytes is None):
+        assert eviction_order(gpus, neighbours, may_drain=may_drain) == []  # nobody left who could sleep
