@@ -27,6 +27,8 @@ async def test_a_request_for_a_sleeping_model_swaps_it_in(make_engines: MakeEngi
     assert (stack.sim_count("a", "sleep"), stack.sim_count("b", "wake_up")) == (1, 1)
     assert stack.sim(a := "a").is_sleeping and not stack.sim("b").is_sleeping, a
     assert stack.device_used() <= TOTAL
+    # b had no footprint_gib: measured on its first verified wake as what it added to the GPU (2 -> 50 GiB).
+    assert (await stack.state())["footprint_bytes"]["b"] == 48 * GIB
     # And back: the other model's request swaps again, each sleep and wake verified.
     resp = await stack.completion("model-a")
     assert resp.status == 200
