@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=defaults.seed, help="seed for generated text and @pP faults")
     add("--max-model-len", type=int, default=defaults.max_model_len, help="context length (default: %(default)s)")
     add(
+        "--oom-wedges",
+        action="store_true",
+        help="with --gpu-file-engine: a wake that runs out of memory wedges every later wake until a restart",
+    )
+    add(
         "--no-sleep-mode",
         action="store_true",
         help="act like vLLM without --enable-sleep-mode: /sleep answers 200 and flips the flags but frees no memory",
@@ -136,6 +141,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         seed=args.seed,
         crash_exits_process=True,
         sleep_mode=not args.no_sleep_mode,
+        oom_wedges=args.oom_wedges,
         watchdog_seconds=args.watchdog_seconds,
         max_model_len=args.max_model_len,
         enable_scale_out=args.enable_scale_out,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lifeguard_sim import errors
-from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.errors import EngineGone
 from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
 from lifeguard_sim.scheduler import PauseState, Scheduler
@@ -205,14 +205,14 @@ class Engine:
         self.counters[op] += 1
         self.check_alive()
         if op in self.wedged:
-            raise self._failure(op)
+            raise errors.out_of_memory(op)
         fired = self.faults.draw(op)
         if fired.extra_seconds:
             await asyncio.sleep(fired.extra_seconds)
         if fired.kind in ("error500", "wedge"):
             if fired.kind == "wedge":
                 self.wedged.add(op)
-            raise self._failure(op)
+            raise errors.out_of_memory(op)
         if fired.kind == "hang":
             epoch = self._epoch
             await self.scheduler.until(lambda: self._stopping.is_set() or self._epoch != epoch)
@@ -237,17 +237,6 @@ class Engine:
             raise EngineGone
         if self.errored:
             raise errors.engine_dead()
-
-    def _failure(self, op: str) -> EngineHTTPError:
-        if op == "pause":
-            return errors.plain_error(500, f"Failed to pause generation: {errors.OOM_MESSAGE}")
-        if op == "resume":
-            return errors.plain_error(500, f"Failed to resume generation: {errors.OOM_MESSAGE}")
-        if op in ("sleep", "wake_up"):
-            return errors.method_failed(op, errors.OOM_MESSAGE)
-        if op == "generate":
-            return EngineHTTPError(500, errors.openai_error(errors.OOM_MESSAGE, "InternalServerError", 500))
-        return errors.worker_failed(errors.OOM_MESSAGE)
 
     # --- sleep family
     async def sleep(self, level: int, mode: str) -> dict[str, object]:
@@ -292,7 +281,9 @@ class Engine:
                     and self._shared
                     and not self._shared.fits(self.memory.used_bytes + self.memory.added_by(to_wake))
                 ):
-                    raise self._failure("wake_up")  # the device is full: vLLM's OOM, and the engine stays asleep
+                    if self.settings.oom_wedges:  # as in the field report: every later wake fails too
+                        self.wedged.add("wake_up")
+                    raise errors.out_of_memory("wake_up")  # the device is full: vLLM's OOM, and the engine stays asleep
                 if to_wake:
                     await asyncio.sleep(self.settings.wake_seconds)
                     self.executor_tags -= to_wake

@@ -272,3 +272,21 @@ async def test_a_gpu_held_past_the_queue_deadline_is_409_lifecycle_busy(make_eng
     assert "GPU [0]" in (await busy.json())["error"]["message"]
     assert stack.sim_count("a", "collective_rpc") == 0
     assert (await wake).status == 200
+
+
+async def test_a_wake_wedged_by_an_oom_keeps_failing_cleanly_until_the_engine_restarts(
+    make_engines: MakeEngines,
+) -> None:
+    stack = await make_engines(
+        engine={"a": {"pinned": True}, "b": {"footprint_gib": 10}}, sim={"b": {"oom_wedges": True}}
+    )
+    assert (await stack.completion("model-b")).status == 503
+    assert (await stack.client.post("/engines/a/sleep?level=1")).status == 200  # a trainer makes room itself
+    again = await stack.completion("model-b")
+    assert again.status == 503 and again.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert stack.sim_count("b", "wake_up") == 2 and stack.sim("b").is_sleeping
+    stack.sim("b").restart()
+    await stack.wait_for(lambda s: s["engines"]["b"]["state"] == "RUNNING")
+    assert (await stack.completion("model-b")).status == 200
+    assert stack.device_used() <= TOTAL
+    assert stack.violations() == {}

@@ -52,3 +52,17 @@ async def test_a_wake_that_does_not_fit_is_vllms_out_of_memory_and_the_engine_st
     await b.api.sleep(1)  # room made: now it fits
     assert (await a.api.wake()).status == 200
     assert _engine_use(gpu, "a") == 50 * GIB and _document(gpu)["used_bytes"] == 52 * GIB
+
+
+async def test_with_oom_wedges_every_later_wake_fails_until_a_restart(make_sim: SimFactory, tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu.json"
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", oom_wedges=True, **SIZES)
+    await a.api.sleep(1)
+    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    assert (await a.api.wake()).status == 500
+    await b.api.sleep(1)  # room made, but the engine is wedged
+    wedged = await a.api.wake()
+    assert wedged.status == 500 and "out of memory" in json.dumps(wedged.body)
+    assert (await a.state())["wedged"] == ["wake_up"]
+    a.engine.restart()
+    assert not a.engine.is_sleeping and _engine_use(gpu, "a") == 50 * GIB
