@@ -147,11 +147,13 @@ class Arbiter:
             except LifeguardError as exc:
                 no_room = isinstance(exc, InsufficientGpuMemory)
                 self._metrics.swap_finished(name, "no_room" if no_room else "failed", time.monotonic() - started)
-                if no_room or _out_of_memory(exc):
+                refusal = exc if no_room else None
+                if _out_of_memory(exc):
                     slot.measured_bytes = None  # an OOM proves the measure wrong: the next plan is cautious
-                    slot.gate.refuse_held(
-                        exc if no_room else InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up")
-                    )
+                    refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
+                if refusal is not None:
+                    # Waiting out their deadline would not change it: the held requests get the reason now.
+                    slot.gate.refuse_held(refusal)
                 raise
             self._metrics.swap_finished(name, "ok", time.monotonic() - started)
             return outcome
