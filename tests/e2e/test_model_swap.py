@@ -290,3 +290,31 @@ async def test_a_wake_wedged_by_an_oom_keeps_failing_cleanly_until_the_engine_re
     assert (await stack.completion("model-b")).status == 200
     assert stack.device_used() <= TOTAL
     assert stack.violations() == {}
+
+
+async def test_mixed_traffic_for_three_models_never_has_more_awake_than_fits(make_engines: MakeEngines) -> None:
+    """The invariant of the chaos run, on a small scale: whatever the interleaving, the device never holds
+    more than its total (journalled by the simulators at every memory move), and every request is answered."""
+    stack = await make_engines(("a", "b", "c"), asleep=("b", "c"), drain_before_sleep_s=5.0, hold_timeout_s=30.0)
+    peaks: list[int] = []
+    for name in stack.sims:
+        _journal_device_use(stack, stack.sim(name), peaks)
+    models = [f"model-{name}" for name in "abcbcaacbbca"]
+    answers = await asyncio.gather(*(stack.completion(model, prompt=f"p{i}") for i, model in enumerate(models)))
+    assert [resp.status for resp in answers] == [200] * len(models), [
+        await r.text() for r in answers if r.status != 200
+    ]
+    assert peaks and max(peaks) <= TOTAL
+    assert sum(stack.sim_count(name, "wake_up") for name in "abc") >= 2  # b and c at least were swapped in
+    assert list((await stack.states()).values()).count("RUNNING") == 1
+    assert stack.violations() == {}
+
+
+def _journal_device_use(stack: EnginesStack, engine: Engine, peaks: list[int]) -> None:
+    original = engine.publish
+
+    def journalled() -> None:
+        original()
+        peaks.append(stack.device_used())
+
+    engine.publish = journalled  # type: ignore[method-assign]
