@@ -48,6 +48,17 @@ async def test_an_unprefixed_lifecycle_call_is_400_naming_the_choice(make_engine
     assert (await stack.client.post("/v1/completions", json={"prompt": "x"})).status == 400
 
 
+async def test_the_top_level_is_ready_while_any_engine_is(make_engines: MakeEngines) -> None:
+    stack = await make_engines()
+    resp = await stack.client.get("/lifeguard/readyz")
+    assert resp.status == 200 and await resp.json() == {"ready": True, "engines": {"a": "RUNNING", "b": "SLEEPING"}}
+    stack.sim("a").die("test")
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "FAILED")
+    assert (await stack.client.get("/lifeguard/readyz")).status == 200  # b is asleep: it can be swapped in
+    assert (await stack.client.get("/engines/a/lifeguard/readyz")).status == 503
+    assert (await stack.client.get("/lifeguard/healthz")).status == 200
+
+
 async def test_an_unknown_engine_is_404(make_engines: MakeEngines) -> None:
     stack = await make_engines()
     for path in ("/engines/zzz/health", "/engines/zzz", "/engines/", "/engines"):
