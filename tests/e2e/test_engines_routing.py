@@ -24,6 +24,11 @@ async def test_an_unknown_model_gets_vllms_own_404(make_engines: MakeEngines) ->
         "code": 404,
     }
     assert resp.headers["X-Lifeguard-Reason"] == "model_not_found"
+    # The same four fields as the engine's own answer (the simulator follows vLLM 0.32 as measured).
+    body = {"model": "no-such-model", "prompt": "x", "max_tokens": 1}
+    own = await stack.client.post("/engines/a/v1/completions", json=body)
+    assert own.status == 404
+    assert {k: error[k] for k in ("message", "type", "param", "code")} == (await own.json())["error"]
 
 
 async def test_models_lists_every_engines_models(make_engines: MakeEngines) -> None:
