@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write simulated GPU memory as JSON here, atomically, at start and on every change",
     )
     add(
+        "--gpu-file-engine",
+        default=None,
+        metavar="NAME",
+        help="share --gpu-file and the device total with other simulators, this one's use under NAME; "
+        "a wake that does not fit fails with CUDA out of memory",
+    )
+    add(
         "--memory",
         type=MemoryKind,
         default=defaults.memory,
@@ -83,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--total-gib", type=float, default=defaults.total_gib, help="device memory (default: %(default)s)")
     add("--seed", type=int, default=defaults.seed, help="seed for generated text and @pP faults")
     add("--max-model-len", type=int, default=defaults.max_model_len, help="context length (default: %(default)s)")
+    add(
+        "--oom-wedges",
+        action="store_true",
+        help="with --gpu-file-engine: a wake that runs out of memory wedges every later wake until a restart",
+    )
     add(
         "--no-sleep-mode",
         action="store_true",
@@ -120,6 +132,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         token_seconds=args.token_seconds,
         faults=tuple(args.fault),
         gpu_file=args.gpu_file,
+        gpu_file_engine=args.gpu_file_engine,
         memory=args.memory,
         weights_gib=args.weights_gib,
         kv_gib=args.kv_gib,
@@ -128,6 +141,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         seed=args.seed,
         crash_exits_process=True,
         sleep_mode=not args.no_sleep_mode,
+        oom_wedges=args.oom_wedges,
         watchdog_seconds=args.watchdog_seconds,
         max_model_len=args.max_model_len,
         enable_scale_out=args.enable_scale_out,

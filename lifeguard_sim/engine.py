@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lifeguard_sim import errors
-from lifeguard_sim.errors import EngineGone, EngineHTTPError
+from lifeguard_sim.errors import EngineGone
 from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
+from lifeguard_sim.shared_gpu import SharedGpuFile
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
 # The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/).
@@ -58,6 +59,9 @@ class Engine:
         self._stopping = asyncio.Event()
         self._watchdog: asyncio.TimerHandle | None = None
         self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
+        self._shared = None
+        if self._gpu_file is not None and settings.gpu_file_engine:
+            self._shared = SharedGpuFile(self._gpu_file, settings.gpu_file_engine, self.memory.total_bytes)
         self._written: dict[str, object] | None = None
         self.death_reason: str | None = None
         self._epoch = 0
@@ -147,7 +151,10 @@ class Engine:
         """Write the GPU file when memory moved (and once at start)."""
         snapshot = self.memory.snapshot()
         if self._gpu_file is not None and snapshot != self._written:
-            write_gpu_file(self._gpu_file, snapshot)
+            if self._shared is not None:
+                self._shared.publish(snapshot)
+            else:
+                write_gpu_file(self._gpu_file, snapshot)
             self._written = snapshot
 
     async def _move(self, move: Callable[[], bool]) -> None:
@@ -198,14 +205,14 @@ class Engine:
         self.counters[op] += 1
         self.check_alive()
         if op in self.wedged:
-            raise self._failure(op)
+            raise errors.out_of_memory(op)
         fired = self.faults.draw(op)
         if fired.extra_seconds:
             await asyncio.sleep(fired.extra_seconds)
         if fired.kind in ("error500", "wedge"):
             if fired.kind == "wedge":
                 self.wedged.add(op)
-            raise self._failure(op)
+            raise errors.out_of_memory(op)
         if fired.kind == "hang":
             epoch = self._epoch
             await self.scheduler.until(lambda: self._stopping.is_set() or self._epoch != epoch)
@@ -230,17 +237,6 @@ class Engine:
             raise EngineGone
         if self.errored:
             raise errors.engine_dead()
-
-    def _failure(self, op: str) -> EngineHTTPError:
-        if op == "pause":
-            return errors.plain_error(500, f"Failed to pause generation: {errors.OOM_MESSAGE}")
-        if op == "resume":
-            return errors.plain_error(500, f"Failed to resume generation: {errors.OOM_MESSAGE}")
-        if op in ("sleep", "wake_up"):
-            return errors.method_failed(op, errors.OOM_MESSAGE)
-        if op == "generate":
-            return EngineHTTPError(500, errors.openai_error(errors.OOM_MESSAGE, "InternalServerError", 500))
-        return errors.worker_failed(errors.OOM_MESSAGE)
 
     # --- sleep family
     async def sleep(self, level: int, mode: str) -> dict[str, object]:
@@ -280,6 +276,14 @@ class Engine:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
                 # Executor.wake_up is all or nothing: one tag that is not asleep makes the call a no-op.
                 to_wake = wanted if wanted <= self.executor_tags else set()
+                if (
+                    to_wake
+                    and self._shared
+                    and not self._shared.fits(self.memory.used_bytes + self.memory.added_by(to_wake))
+                ):
+                    if self.settings.oom_wedges:  # as in the field report: every later wake fails too
+                        self.wedged.add("wake_up")
+                    raise errors.out_of_memory("wake_up")  # the device is full: vLLM's OOM, and the engine stays asleep
                 if to_wake:
                     await asyncio.sleep(self.settings.wake_seconds)
                     self.executor_tags -= to_wake

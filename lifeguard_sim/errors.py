@@ -59,6 +59,19 @@ def worker_failed(message: str) -> EngineHTTPError:
     return method_failed("collective_rpc", f"Worker failed with error '{message}'")
 
 
+def out_of_memory(op: str) -> EngineHTTPError:
+    """What vLLM answers when `op` fails on a CUDA out-of-memory (the simulator's error500 and wedge faults)."""
+    if op == "pause":
+        return plain_error(500, f"Failed to pause generation: {OOM_MESSAGE}")
+    if op == "resume":
+        return plain_error(500, f"Failed to resume generation: {OOM_MESSAGE}")
+    if op in ("sleep", "wake_up"):
+        return method_failed(op, OOM_MESSAGE)
+    if op == "generate":
+        return EngineHTTPError(500, openai_error(OOM_MESSAGE, "InternalServerError", 500))
+    return worker_failed(OOM_MESSAGE)
+
+
 def engine_dead() -> EngineHTTPError:
     return EngineHTTPError(500, openai_error(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
 

@@ -43,6 +43,7 @@ class DeviceMemory(Protocol):
     def resident(self) -> frozenset[str]: ...
     def release(self, tags: Set[str], *, offload: Set[str] = frozenset()) -> bool: ...
     def restore(self, tags: Set[str]) -> bool: ...
+    def added_by(self, tags: Set[str]) -> int: ...
     def reset(self) -> None: ...
     def snapshot(self) -> dict[str, object]: ...
 
@@ -86,6 +87,10 @@ class GpuMemory:
         before = set(self._resident)
         self._resident |= tags & set(MEMORY_TAGS)
         return before != self._resident
+
+    def added_by(self, tags: Set[str]) -> int:
+        """Bytes that restoring ``tags`` would map."""
+        return sum(self._sizes[tag] for tag in set(tags) & set(MEMORY_TAGS) - self._resident)
 
     def reset(self) -> None:
         self._resident = set(MEMORY_TAGS)
@@ -155,6 +160,9 @@ class CudaMemory:
             self._on_device[tag] = tensor
         self._torch.cuda.synchronize(self._device)
         return bool(moving)
+
+    def added_by(self, tags: Set[str]) -> int:
+        return sum(self._sizes[tag] for tag in set(tags) & set(MEMORY_TAGS) - set(self._on_device))
 
     def reset(self) -> None:
         self._offloaded.clear()

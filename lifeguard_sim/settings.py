@@ -19,6 +19,10 @@ class SimSettings:
     token_seconds: float = 0.002
     faults: Sequence[str] = field(default_factory=tuple)
     gpu_file: Path | str | None = None
+    # Share the GPU file (and the device's total) with other simulators, this one's use under this name.
+    gpu_file_engine: str | None = None
+    # A wake that runs out of the shared device's memory wedges every later wake (only a restart clears it).
+    oom_wedges: bool = False
     # simulated: the books only; cuda: real allocations on cuda:0 that NVML sees (scripts/gpu-check.sh).
     memory: MemoryKind = MemoryKind.SIMULATED
     weights_gib: float = 16

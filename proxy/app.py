@@ -26,6 +26,7 @@ from .handlers import (
     GATE,
     INFLIGHT,
     METRICS,
+    MOUNT,
     ROUTES,
     SETTINGS,
     UNKNOWN_ROUTES,
@@ -52,8 +53,11 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     gpu: GpuMemoryReader | None = None,
+    mount: str | None = None,
+    on_engine: Callable[[LifecycleCoordinator, RequestGate], None] | None = None,
 ) -> web.Application:
-    """The proxy as an aiohttp application; `settings.upstream` must be set."""
+    """The proxy as an aiohttp application; `settings.upstream` must be set. Several engines on one port
+    (proxy/engines.py) mount one each at `mount`, and `on_engine` is told each one's coordinator and gate."""
     if settings.upstream is None or not settings.upstream.startswith(("http://", "https://")):
         raise ValueError("create_app needs settings.upstream as an http(s) URL (the CLI starts the simulator)")
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
@@ -66,10 +70,12 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    if mount is not None:
+        app[MOUNT] = mount
     app[ROUTES] = build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)
     app[UNKNOWN_ROUTES] = UnknownRoutes(metrics)
     app.cleanup_ctx.append(
-        _engine_context(settings, metrics, gpu or make_reader(settings.gpu_probe, settings.gpu_devices))
+        _engine_context(settings, metrics, gpu or make_reader(settings.gpu_probe, settings.gpu_devices), on_engine)
     )
     app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/lifeguard/state", state)
@@ -91,7 +97,10 @@ def _edges() -> list[tuple[str, str]]:
 
 
 def _engine_context(
-    settings: Settings, metrics: Metrics, gpu: GpuMemoryReader
+    settings: Settings,
+    metrics: Metrics,
+    gpu: GpuMemoryReader,
+    on_engine: Callable[[LifecycleCoordinator, RequestGate], None] | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def context(app: web.Application) -> AsyncIterator[None]:
         assert settings.upstream is not None
@@ -122,6 +131,8 @@ def _engine_context(
         coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, tasks, inflight)
         policies = Policies(settings, coordinator, gate, metrics)
         gate.on_held_while_sleeping = policies.request_held_while_sleeping
+        if on_engine is not None:
+            on_engine(coordinator, gate)
         app[GATE] = gate
         app[INFLIGHT] = inflight
         app[COORDINATOR] = coordinator

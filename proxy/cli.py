@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from . import __version__
 from .app import create_app
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
+from .engines import create_engines_app
 from .logs import configure_logging
 
 log = logging.getLogger("lifeguard")
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"vllm-lifeguard: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    if settings.upstream is None:
+    if settings.upstream is None and not settings.engines:
         print(
             "vllm-lifeguard: no upstream to guard: set --upstream http://HOST:PORT (env LIFEGUARD_UPSTREAM, or "
-            f"upstream: in --config), or --upstream {SIMULATOR} for the embedded simulator",
+            f"upstream: in --config), --upstream {SIMULATOR} for the embedded simulator, or engines: in --config",
             file=sys.stderr,
         )
         return 2
@@ -104,7 +105,7 @@ async def serve(settings: Settings) -> None:
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
     runner = web.AppRunner(
-        create_app(settings),
+        create_engines_app(settings) if settings.engines else create_app(settings),
         handle_signals=False,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_grace_s,
@@ -121,7 +122,7 @@ async def serve(settings: Settings) -> None:
         __version__,
         settings.host,
         runner.addresses[0][1] if runner.addresses else settings.port,
-        settings.upstream_shown,
+        settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -28,6 +28,45 @@ RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
 SIMULATOR = "sim"
 
 
+class EngineSettings(BaseModel):
+    """One engine of several that share GPUs (`engines:`); each is guarded like a single `upstream`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The path segment of its own base URL, /engines/<name>/.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    upstream: str
+    # Indices into the GPU reader's device list (NVML: device index) that the engine occupies.
+    gpus: tuple[int, ...] = Field(default=(0,), min_length=1)
+    # How it is put to sleep to make room for another engine: 1 offloads the weights to CPU memory;
+    # 2 discards them, and its next wake reloads them (collective_rpc reload_weights) and resets the prefix cache.
+    swap_sleep_level: Literal[1, 2] = 1
+    # Never put to sleep to make room for another engine.
+    pinned: bool = False
+    # GPU memory it takes awake, over all its GPUs; null: measured on its first verified wake.
+    footprint_gib: float | None = Field(default=None, gt=0)
+    # Served model names routed to it; empty: read from its GET /v1/models.
+    models: tuple[str, ...] = ()
+    # What inference for it meets while it sleeps; wake: swap it in (the top-level on_sleeping is not used).
+    on_sleeping: OnSleeping = "wake"
+
+    @field_validator("upstream")
+    @classmethod
+    def _engine_upstream_is_http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"must start with http:// or https:// (got {value!r}; {SIMULATOR!r} is single-engine only)"
+            )
+        return value.rstrip("/")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_distinct(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(value)) != len(value) or min(value) < 0:
+            raise ValueError(f"must be distinct device indices >= 0 (got {list(value)})")
+        return value
+
+
 class Settings(BaseSettings):
     """Everything the proxy can be told. Validated once; immutable afterwards."""
 
@@ -38,6 +77,8 @@ class Settings(BaseSettings):
         default=None,
         description=f"vLLM base URL, or {SIMULATOR!r} for the embedded simulator (never chosen by default)",
     )
+    # Several engines sharing GPUs, instead of `upstream` (docs/model-swap.md).
+    engines: tuple[EngineSettings, ...] = ()
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: LogLevel = "info"
@@ -162,6 +203,31 @@ class Settings(BaseSettings):
         if self.admin_token is not None and not self.admin_token.get_secret_value():
             raise ValueError("admin_token is set but empty")
         return self
+
+    @model_validator(mode="after")
+    def _engines_consistent(self) -> Settings:
+        if not self.engines:
+            return self
+        if self.upstream is not None:
+            raise ValueError("set either upstream (one engine) or engines (several), not both")
+        names = [engine.name for engine in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engines: names must be unique (got {names})")
+        models = [model for engine in self.engines for model in engine.models]
+        if len(set(models)) != len(models):
+            raise ValueError(f"engines: a served model name may belong to one engine only (got {models})")
+        return self
+
+    def for_engine(self, engine: EngineSettings) -> Settings:
+        """The single-engine settings that guard `engine`: everything else is shared."""
+        return self.model_copy(
+            update={
+                "upstream": engine.upstream,
+                "engines": (),
+                "on_sleeping": engine.on_sleeping,
+                "state_file": f"{self.state_file}.{engine.name}" if self.state_file else None,
+            }
+        )
 
     @classmethod
     def settings_customise_sources(

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .calls import LifecycleCall
 from .config import Settings
@@ -41,6 +41,18 @@ from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
+
+Submit = Callable[[LifecycleCall], Awaitable[Outcome]]
+
+
+class SubmitGuard(Protocol):
+    """What stands before an engine's coordinator when several engines share GPUs (proxy/arbiter.py): every
+    lifecycle call goes through `run`, which may wait for a GPU, make room, and then `submit` it."""
+
+    @property
+    def reloads_discarded_weights(self) -> bool: ...
+
+    async def run(self, call: LifecycleCall, submit: Submit) -> Outcome: ...
 
 
 class LifecycleCoordinator:
@@ -76,6 +88,7 @@ class LifecycleCoordinator:
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
         self._sleep = SleepOperations(settings, self.record, self._calls, verifier, gate, metrics, self._memo)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
+        self.guard: SubmitGuard | None = None
         previous = self._memo.load()
         if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
             log.warning("state file read: %s", previous, extra={"event": "memo_loaded"})
@@ -94,6 +107,14 @@ class LifecycleCoordinator:
     @property
     def busy(self) -> bool:
         return self._lock.locked()
+
+    @property
+    def client(self) -> VllmClient:
+        return self._client
+
+    @property
+    def verifier(self) -> Verifier:
+        return self._verifier
 
     @property
     def weights_stale(self) -> bool:
@@ -121,7 +142,17 @@ class LifecycleCoordinator:
 
     # ----- submitting calls
     async def submit(self, call: LifecycleCall) -> Outcome:
-        """Run `call` serialized with every other lifecycle call; raises LifeguardError on failure."""
+        """Run `call` serialized with every other lifecycle call, through the guard when there is one (several
+        engines on shared GPUs); raises LifeguardError on failure."""
+        if self.guard is not None and not self._in_open_session(call):
+            return await self.guard.run(call, self.submit_unguarded)
+        return await self.submit_unguarded(call)
+
+    def _in_open_session(self, call: LifecycleCall) -> bool:
+        return call.op == "update_weights" and self.record.weight_update_active and self.state is State.UPDATING_WEIGHTS
+
+    async def submit_unguarded(self, call: LifecycleCall) -> Outcome:
+        """`submit` without the guard: for the guard itself."""
         joined = self._pending.get(call.key)
         if joined is not None:
             started = time.monotonic()
@@ -129,7 +160,7 @@ class LifecycleCoordinator:
                 return await asyncio.shield(joined)
             finally:
                 self._metrics.operation_finished(call.op, "joined", time.monotonic() - started)
-        if call.op == "update_weights" and self.record.weight_update_active and self.state is State.UPDATING_WEIGHTS:
+        if self._in_open_session(call):
             # Inside an open session the trainer's NCCL send runs concurrently: never queue this.
             return await self._timed(call, self._in_session(call))
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()

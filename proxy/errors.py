@@ -122,6 +122,43 @@ class WeightUpdateSessionLost(InvalidTransition):
     reason = "weight_update_session_lost"
 
 
+class EngineNotChosen(LifeguardError):
+    """Several engines are guarded and the request does not say which one it is for."""
+
+    status = 400
+    reason = "engine_not_chosen"
+    error_type = "BadRequestError"
+    retry_after = None
+
+
+class UnknownEngine(LifeguardError):
+    """`/engines/<name>/...` names no configured engine."""
+
+    status = 404
+    reason = "unknown_engine"
+    error_type = "NotFoundError"
+    retry_after = None
+
+
+class ModelNotFound(LifeguardError):
+    """No guarded engine serves the requested model: vLLM's own answer (serving_engine's model check)."""
+
+    status = 404
+    reason = "model_not_found"
+    error_type = "NotFoundError"
+    retry_after = None
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class InsufficientGpuMemory(LifeguardError):
+    """Waking the engine would not fit in its GPUs' free memory, even after putting others to sleep."""
+
+    reason = "insufficient_gpu_memory"
+    retry_after = 10.0
+
+
 class LifecycleBusy(LifeguardError):
     status = 409
     reason = "lifecycle_busy"

@@ -186,6 +186,11 @@ class RequestGate:
             if not waiter.done():
                 waiter.set_exception(error)
 
+    def refuse_held(self, error: LifeguardError) -> None:
+        """Answer every held request `error` now (a wake that cannot happen: waiting out the deadline would
+        not change it); new requests are admitted as before."""
+        self._fail_held(error)
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing is in flight, at most `timeout_s`; returns whether it became idle."""
         try:

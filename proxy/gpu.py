@@ -65,22 +65,30 @@ class FileReader:
     "devices"}`). A writer that refreshes periodically adds `updated_at` (epoch seconds); a reading older
     than `max_age_s` is unavailable, because a writer that died would otherwise leave old numbers in use."""
 
-    def __init__(self, path: str | Path, max_age_s: float = 10.0) -> None:
+    def __init__(self, path: str | Path, max_age_s: float = 10.0, *, engine: str | None = None) -> None:
         self._path = Path(path)
         self._max_age_s = max_age_s
+        self._engine = engine
 
     async def read(self) -> GpuReading:
         try:
             payload = json.loads(await asyncio.to_thread(self._path.read_text))
             if not isinstance(payload, dict):
                 raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+            if self._engine is not None:
+                # Several engines share the device: their own use is under "engines" (the simulator writes it).
+                updated_at = payload.get("updated_at")
+                payload = payload.get("engines", {}).get(self._engine)
+                if not isinstance(payload, dict):
+                    raise ValueError(f"no memory of engine {self._engine!r} in it")
+                payload.setdefault("updated_at", updated_at)
             devices = tuple(
                 DeviceMemory(str(d.get("uuid", d.get("index"))), int(d["used_bytes"]), int(d["total_bytes"]))
                 for d in payload.get("devices", [])
             ) or (DeviceMemory("0", int(payload["used_bytes"]), int(payload["total_bytes"])),)
             updated_at = payload.get("updated_at")
             age = time.time() - float(updated_at) if updated_at is not None else 0.0
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return GpuReading(unavailable=f"cannot read {self._path}: {exc}")
         if age > self._max_age_s:
             return GpuReading(unavailable=f"{self._path} is {age:.0f} s old; its writer has stopped")
@@ -138,6 +146,21 @@ class NvmlReader:
             else:
                 handles.append((ident, pynvml.nvmlDeviceGetHandleByUUID(ident)))
         return handles
+
+
+class SharedGpuReader:
+    """One engine among several on the same GPUs, where only the device totals can be read (NVML): its own
+    use is unknown, so its verification reports the memory check unavailable rather than guess."""
+
+    async def read(self) -> GpuReading:
+        return GpuReading(unavailable="the GPU is shared by several engines and the probe reads device totals only")
+
+
+def make_engine_reader(probe: str, engine: str) -> GpuMemoryReader:
+    """The memory of one engine of several (`engines:`): its own entry in a shared GPU file, else unavailable."""
+    if probe.startswith("file:"):
+        return FileReader(probe[len("file:") :], engine=engine)
+    return SharedGpuReader()
 
 
 def make_reader(probe: str, devices: tuple[str, ...] = ()) -> GpuMemoryReader:

@@ -39,7 +39,7 @@ from .outcome import Outcome
 from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .rules import control_refusal
 from .states import State
-from .target import Target, canonical_target
+from .target import Target, below_mount, canonical_target
 from .unknown_routes import UnknownRoutes
 
 log = logging.getLogger("lifeguard.http")
@@ -52,6 +52,8 @@ FORWARDER = web.AppKey("forwarder", Forwarder)
 METRICS = web.AppKey("metrics", Metrics)
 ROUTES = web.AppKey("routes", RouteTable)
 UNKNOWN_ROUTES = web.AppKey("unknown_routes", UnknownRoutes)
+#: Where an engine's proxy is mounted when several engines share this port (`/engines/<name>`).
+MOUNT = web.AppKey("mount", str)
 
 
 def render_error(error: LifeguardError) -> web.Response:
@@ -142,11 +144,11 @@ def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
     return frozenset({carrier})
 
 
-def _admitted_before_body(request: web.Request) -> frozenset[str]:
+def _admitted_before_body(request: web.Request, settings: Settings) -> frozenset[str]:
     """The admin token is checked before a byte of the body is read: nothing is buffered for a caller without
     it. Refused with its body still on the wire, the connection cannot carry another request."""
     try:
-        return _check_admin(request, request.app[SETTINGS])
+        return _check_admin(request, settings)
     except LifeguardError as exc:
         if request.body_exists:
             exc.close_connection = True
@@ -154,21 +156,28 @@ def _admitted_before_body(request: web.Request) -> frozenset[str]:
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
-    """Every path not under /lifeguard/: its target read once (proxy/target.py), classified, then guarded or
-    forwarded with exactly the bytes that were classified."""
-    app = request.app
+    """Every path not under /lifeguard/: its target read once (proxy/target.py), then served by this engine."""
+    target = canonical_target(request.raw_path)
+    mount = request.app.get(MOUNT)
+    if mount is not None:
+        target = below_mount(target, mount)
+    return await serve_target(request, request.app, target)
+
+
+async def serve_target(request: web.Request, app: web.Application, target: Target) -> web.StreamResponse:
+    """`target` classified, then guarded or forwarded by the engine whose parts are in `app`, with exactly
+    the bytes that were classified."""
     started = time.monotonic()
     kind = RouteKind.NEVER_GATED
     try:
-        target = canonical_target(request.raw_path)
         kind = app[ROUTES].classify(request.method, target.path)
         if kind is RouteKind.LIFECYCLE:
-            return await _lifecycle(request, target)
+            return await _lifecycle(request, app, target)
         guarded = kind not in (RouteKind.INFERENCE, RouteKind.NEVER_GATED)
-        dropped = _admitted_before_body(request) if guarded else frozenset()
-        body = await _read_body(request)
+        dropped = _admitted_before_body(request, app[SETTINGS]) if guarded else frozenset()
+        body = await read_body(request, app[SETTINGS])
         if kind is RouteKind.INFERENCE:
-            return await _inference(request, target, body)
+            return await _inference(request, app, target, body)
         forward = partial(app[FORWARDER].forward, request, target.raw, body, drop_headers=dropped)
         if kind is RouteKind.AT_ONCE:
             if (refusal := control_refusal(app[COORDINATOR].record.view())) is not None:
@@ -188,8 +197,8 @@ _ROUTE_CLASS = {kind: "passthrough" for kind in RouteKind} | {
 }
 
 
-async def _read_body(request: web.Request) -> bytes:
-    settings = request.app[SETTINGS]
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    """The whole body, within `max_body_bytes` and `client_body_timeout_s` (read once; later reads are cached)."""
     declared = request.content_length
     if declared is not None and declared > settings.max_body_bytes:
         # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
@@ -205,12 +214,11 @@ async def _read_body(request: web.Request) -> bytes:
         raise BodyTimeout(f"the request body did not arrive within {timeout:g} s") from None
 
 
-async def _lifecycle(request: web.Request, target: Target) -> web.Response:
-    app = request.app
+async def _lifecycle(request: web.Request, app: web.Application, target: Target) -> web.Response:
     op = LIFECYCLE_PATHS[target.path.rstrip("/")]
     try:
-        _admitted_before_body(request)
-        body = await _read_body(request)
+        _admitted_before_body(request, app[SETTINGS])
+        body = await read_body(request, app[SETTINGS])
         call = parse_call(op, request.query.items(), body)
     except LifeguardError as exc:
         # Refused before the coordinator sees it; still an operation outcome users want on the dashboard.
@@ -237,8 +245,7 @@ def _lifecycle_response(outcome: Outcome) -> web.Response:
     return response
 
 
-async def _inference(request: web.Request, target: Target, body: bytes) -> web.StreamResponse:
-    app = request.app
+async def _inference(request: web.Request, app: web.Application, target: Target, body: bytes) -> web.StreamResponse:
     metrics = app[METRICS]
     outcome = "forwarded"
     started = time.monotonic()
@@ -292,6 +299,13 @@ def _log_not_forwarded(request: web.Request, reason: str, started: float) -> Non
 
 
 _GATE_OUTCOMES = frozenset(
-    {"hold_timeout", "hold_queue_full", "shutting_down", "engine_unavailable", "engine_sleeping"}
+    {
+        "hold_timeout",
+        "hold_queue_full",
+        "shutting_down",
+        "engine_unavailable",
+        "engine_sleeping",
+        "insufficient_gpu_memory",
+    }
 )
 _STALE_HEADER = {"X-Lifeguard-Weights-Stale": "true"}

@@ -65,6 +65,7 @@ HOLD_OUTCOMES: tuple[str, ...] = (
     "hold_queue_full",
     "shutting_down",
     "engine_unavailable",
+    "insufficient_gpu_memory",
 )
 
 #: How an inference request ended at the proxy (counted once, when it ends).
@@ -397,3 +398,35 @@ class Metrics:
     def policy_action(self, policy: str) -> None:
         """An operating ``policy`` (POLICIES) acted on its own."""
         self._policies[policy].inc()
+
+
+#: How a swap (a wake of one of several engines on shared GPUs, with the room made for it) ended.
+SWAP_OUTCOMES: tuple[str, ...] = ("ok", "no_room", "failed")
+
+
+class SwapMetrics:
+    """The arbiter's series (proxy/arbiter.py), on the registry of the top-level app of several engines."""
+
+    def __init__(self, registry: CollectorRegistry, engines: Sequence[str]) -> None:
+        self.registry = registry
+        swaps = Counter(
+            "lifeguard_swaps",
+            "Wakes of a sleeping engine on shared GPUs through the arbiter (room made first), by how they ended.",
+            ["engine", "outcome"],
+            registry=registry,
+        )
+        durations = Histogram(
+            "lifeguard_swap_duration_seconds",
+            "From a swap's start (its GPUs taken) to the engine awake and verified, sleeps of others included.",
+            ["engine"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=registry,
+        )
+        self._swaps = {(e, o): swaps.labels(e, o) for e in engines for o in SWAP_OUTCOMES}
+        self._durations = {e: durations.labels(e) for e in engines}
+
+    def swap_finished(self, engine: str, outcome: str, seconds: float) -> None:
+        """A swap of ``engine`` ended with ``outcome`` (SWAP_OUTCOMES) after ``seconds``."""
+        self._swaps[(engine, outcome)].inc()
+        if outcome == "ok":
+            self._durations[engine].observe(seconds)

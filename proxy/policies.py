@@ -3,7 +3,8 @@ verified path as a client's call (`LifecycleCoordinator.submit`):
 
 * wake on request (`on_sleeping: wake`): a request that arrives while the engine sleeps wakes it; many
   arriving requests make one wake, because identical pending calls coalesce. Never onto weights that a
-  level-2 sleep discarded: those need reloading first, or the answers are garbage.
+  level-2 sleep discarded: those need reloading first, or the answers are garbage (unless the arbiter of
+  several engines reloads them after the wake: `swap_sleep_level: 2`).
 * idle auto-sleep (`idle_sleep_after_s`): nothing in flight or held for that long puts the engine to sleep.
 (Drain before sleep is part of the sleep operation itself, in the coordinator.)
 """
@@ -37,7 +38,10 @@ class Policies:
         if self._settings.on_sleeping != "wake":
             return
         view = self._coordinator.record.view()
-        if view.state is not State.SLEEPING or view.weights_stale is Staleness.DISCARDED:
+        if view.state is not State.SLEEPING:
+            return
+        guard = self._coordinator.guard
+        if view.weights_stale is Staleness.DISCARDED and not (guard is not None and guard.reloads_discarded_weights):
             return
         self._metrics.policy_action("wake_on_request")
         self._coordinator.tasks.spawn(self._run(LifecycleCall("wake_up")), name="policy:wake_on_request")

@@ -65,5 +65,19 @@ def canonical_target(raw_target: str) -> Target:
     return Target(path, raw, query)
 
 
+def below_mount(target: Target, mount: str) -> Target:
+    """`target` as the engine mounted at `mount` (`/engines/<name>`) sees it: the mount's segments taken off
+    the decoded path and off the raw bytes alike (an encoded '/' is refused, so both have the same segments);
+    the rest of the raw target is unchanged. The whole target was read (and any ambiguity refused) before."""
+    depth = mount.count("/")
+    path_parts = target.path.split("/", depth + 1)
+    if "/".join(path_parts[: depth + 1]) != mount:
+        raise BadTarget(f"the request path {_shown(target.path)} is not below {mount}")
+    raw_path, mark, query = target.raw.partition("?")
+    raw_rest = raw_path.split("/", depth + 1)[depth + 1 :]
+    path_rest = path_parts[depth + 1 :]
+    return Target("/" + "".join(path_rest), "/" + "".join(raw_rest) + mark + query, query)
+
+
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 200 else text[:200] + "...")

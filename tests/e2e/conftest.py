@@ -133,3 +133,127 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         return stack
 
     return make
+
+
+# --- several engines on one simulated GPU (proxy/engines.py, proxy/arbiter.py)
+
+GIB = 1 << 30
+#: Each simulated engine takes 50 GiB awake and 2 GiB asleep on one 80 GiB device: two do not fit together.
+BIG = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}
+#: 38 GiB awake, 2 asleep: two fit together, a third does not.
+MEDIUM = {"weights_gib": 16, "kv_gib": 20, "overhead_gib": 2, "total_gib": 80}
+
+
+@dataclass
+class EnginesStack:
+    client: TestClient
+    sims: dict[str, TestServer]
+    gpu_file: Path
+    proxy_app: web.Application
+
+    def sim(self, name: str) -> Engine:
+        engine: Engine = self.sims[name].app[SIM_ENGINE]
+        return engine
+
+    def sim_count(self, name: str, op: str) -> int:
+        counters: dict[str, int] = self.sim(name).state_dict()["counters"]  # type: ignore[assignment]
+        return int(counters.get(op, 0))
+
+    def device_used(self) -> int:
+        import json
+
+        return int(json.loads(self.gpu_file.read_text())["used_bytes"])
+
+    async def state(self) -> dict[str, Any]:
+        resp = await self.client.get("/lifeguard/state")
+        assert resp.status == 200
+        body: dict[str, Any] = await resp.json()
+        return body
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            snapshot = await self.state()
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached within {timeout} s; last state: {snapshot}")
+            await asyncio.sleep(0.01)
+
+    async def states(self) -> dict[str, str]:
+        return {name: engine["state"] for name, engine in (await self.state())["engines"].items()}
+
+    def completion(self, model: str, prompt: str = "hello", max_tokens: int = 4) -> Awaitable[Any]:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        return self.client.post("/v1/completions", json=body)
+
+    def violations(self) -> dict[str, list[dict[str, object]]]:
+        return {name: self.sim(name).violations for name in self.sims if self.sim(name).violations}
+
+
+@pytest.fixture
+def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[EnginesStack]]:
+    """Simulators sharing one GPU file (each engine `name` serves `model-<name>`), `asleep` ones put to sleep
+    before the proxy starts, and the proxy of several engines in front of them."""
+
+    async def make(
+        names: tuple[str, ...] = ("a", "b"),
+        *,
+        asleep: tuple[str, ...] = ("b",),
+        sizes: dict[str, float] | None = None,
+        engine: dict[str, dict[str, Any]] | None = None,
+        sim: dict[str, dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> EnginesStack:
+        from proxy.engines import create_engines_app
+
+        gpu_file = tmp_path / "gpu.json"
+        sims: dict[str, TestServer] = {}
+        for name in names:
+            sim_settings = SimSettings(
+                **{
+                    **FAST_SIM.__dict__,
+                    "model": f"model-{name}",
+                    "gpu_file": gpu_file,
+                    "gpu_file_engine": name,
+                    **(sizes or BIG),
+                    **(sim or {}).get(name, {}),
+                }
+            )
+            sims[name] = await aiohttp_server(create_sim_app(sim_settings))
+            if name in asleep:
+                await sims[name].app[SIM_ENGINE].sleep(1, "abort")
+        engines = [
+            {
+                "name": name,
+                "upstream": str(sims[name].make_url("")).rstrip("/"),
+                "gpus": [0],
+                **(engine or {}).get(name, {}),
+            }
+            for name in names
+        ]
+        values: dict[str, Any] = {
+            "engines": engines,
+            "gpu_probe": f"file:{gpu_file}",
+            "reconcile_interval_s": 0.2,
+            "verify_timeout_s": 1.0,
+            "verify_poll_interval_s": 0.01,
+            "hold_timeout_s": 10.0,
+            **overrides,
+        }
+        settings = Settings(**values)
+        app = create_engines_app(settings)
+        server = TestServer(app)
+        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
+        client = await aiohttp_client(server)
+        stack = EnginesStack(client, sims, gpu_file, app)
+        expected = {name: "SLEEPING" if name in asleep else "RUNNING" for name in names}
+        await stack.wait_for(
+            lambda s: (
+                {n: e["state"] for n, e in s["engines"].items()} == expected
+                and not any(e["lifecycle_busy"] for e in s["engines"].values())
+            )
+        )
+        return stack
+
+    return make

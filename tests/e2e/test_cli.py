@@ -87,3 +87,78 @@ async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> 
         log.close()
     text = (tmp_path / "log").read_text()
     assert "embedded vLLM simulator" in text
+
+
+async def test_serve_with_engines_swaps_two_simulator_processes_on_one_gpu_file(tmp_path: Path) -> None:
+    """`engines:` from a config file, two simulator processes sharing one GPU file: a request for the sleeping
+    model swaps it in; SIGTERM still exits 0."""
+    gpu = tmp_path / "gpu.json"
+    sizes = ["--weights-gib", "16", "--kv-gib", "32", "--overhead-gib", "2", "--total-gib", "80"]
+    ports = {"a": free_port(), "b": free_port()}
+    log = (tmp_path / "log").open("wb")
+    procs = [
+        await asyncio.create_subprocess_exec(
+            str(BIN),
+            "sim",
+            "--port",
+            str(ports[name]),
+            "--model",
+            f"model-{name}",
+            "--gpu-file",
+            str(gpu),
+            "--gpu-file-engine",
+            name,
+            *sizes,
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        for name in ("a", "b")
+    ]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    config = tmp_path / "lifeguard.yaml"
+    config.write_text(
+        f"port: {port}\ngpu_probe: 'file:{gpu}'\nreconcile_interval_s: 0.2\nengines:\n"
+        + "".join(f"  - {{name: {n}, upstream: 'http://127.0.0.1:{p}', gpus: [0]}}\n" for n, p in ports.items())
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIFEGUARD_")}
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _until_ok(session, [f"http://127.0.0.1:{p}/health" for p in ports.values()], procs)
+            assert (await session.post(f"http://127.0.0.1:{ports['b']}/sleep?level=1")).status == 200
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    str(BIN), "serve", "--config", str(config), stdout=log, stderr=log, env=env
+                )
+            )
+            await _until_ok(session, [f"{base}/lifeguard/readyz"], procs)
+            body = {"model": "model-b", "prompt": "x", "max_tokens": 2}
+            async with session.post(f"{base}/v1/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+            state = await (await session.get(f"{base}/lifeguard/state")).json()
+            assert {n: e["state"] for n, e in state["engines"].items()} == {"a": "SLEEPING", "b": "RUNNING"}
+            assert state["gpus"]["0"]["awake"] == ["b"]
+        procs[-1].send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(procs[-1].wait(), 20) == 0
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        log.close()
+
+
+async def _until_ok(session: aiohttp.ClientSession, urls: list[str], procs: list[asyncio.subprocess.Process]) -> None:
+    deadline = time.monotonic() + 20
+    pending = list(urls)
+    while pending:
+        assert all(proc.returncode is None for proc in procs), "a process exited"
+        assert time.monotonic() < deadline, f"not answering 200 within 20 s: {pending}"
+        try:
+            async with session.get(pending[0]) as resp:
+                if resp.status == 200:
+                    pending.pop(0)
+                    continue
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)

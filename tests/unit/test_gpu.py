@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from proxy.gpu import FileReader, GpuReading, NoGpuReader, NvmlReader, make_reader
+from proxy.gpu import FileReader, GpuReading, NoGpuReader, NvmlReader, SharedGpuReader, make_engine_reader, make_reader
 
 GIB = 1 << 30
 
@@ -259,3 +259,21 @@ async def test_a_file_whose_writer_stopped_is_unavailable_not_trusted(tmp_path: 
     path.write_text(json.dumps({**fresh, "updated_at": time.time() - 60}))
     reading = await FileReader(path).read()
     assert not reading.available and "old" in (reading.unavailable or "")
+
+
+async def test_one_engine_of_several_reads_its_own_entry_of_a_shared_gpu_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    own = {"used_bytes": 5, "total_bytes": 80, "devices": [{"index": 0, "used_bytes": 5, "total_bytes": 80}]}
+    path.write_text(json.dumps({"used_bytes": 55, "total_bytes": 80, "engines": {"a": own}}))
+    reading = await make_engine_reader(f"file:{path}", "a").read()
+    assert reading.available and reading.used_bytes == 5 and reading.total_bytes == 80
+    missing = await make_engine_reader(f"file:{path}", "b").read()
+    assert not missing.available and "engine 'b'" in (missing.unavailable or "")
+    path.write_text(json.dumps({"used_bytes": 55, "total_bytes": 80, "engines": ["not", "a", "map"]}))
+    assert not (await make_engine_reader(f"file:{path}", "a").read()).available
+
+
+async def test_with_nvml_one_engine_of_several_has_no_memory_of_its_own() -> None:
+    reader = make_engine_reader("nvml", "a")
+    assert isinstance(reader, SharedGpuReader)
+    assert "shared by several engines" in ((await reader.read()).unavailable or "")

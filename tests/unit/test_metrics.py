@@ -221,3 +221,19 @@ def test_exposition_passes_promtool_check_metrics(metrics: Metrics, registry: Co
         timeout=30,
     )
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def test_swap_series_exist_at_zero_for_every_engine_and_count_each_swap() -> None:
+    from proxy.metrics import SWAP_OUTCOMES, SwapMetrics
+
+    registry = CollectorRegistry()
+    swaps = SwapMetrics(registry, ["policy", "judge"])
+    for engine in ("policy", "judge"):
+        for outcome in SWAP_OUTCOMES:
+            assert registry.get_sample_value("lifeguard_swaps_total", {"engine": engine, "outcome": outcome}) == 0
+    swaps.swap_finished("judge", "ok", 1.5)
+    swaps.swap_finished("judge", "no_room", 0.1)
+    assert registry.get_sample_value("lifeguard_swaps_total", {"engine": "judge", "outcome": "ok"}) == 1
+    assert registry.get_sample_value("lifeguard_swap_duration_seconds_count", {"engine": "judge"}) == 1
+    with pytest.raises(KeyError):
+        swaps.swap_finished("judge", "maybe", 0.0)

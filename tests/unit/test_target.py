@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.errors import BadTarget
 from proxy.routes import VLLM_ROUTES, RouteKind, build_table
-from proxy.target import canonical_target
+from proxy.target import below_mount, canonical_target
 
 TABLE = build_table()
 
@@ -117,3 +117,17 @@ def test_any_accepted_target_forwards_the_path_it_classified(tail: str) -> None:
 def test_every_lifecycle_spelling_that_decodes_to_it_is_lifecycle() -> None:
     for raw in ("/sleep", "/sl%65ep", "/%73leep", "/sleep/", "http://h/sleep"):
         assert TABLE.classify("POST", canonical_target(raw).path) is RouteKind.LIFECYCLE
+
+
+def test_a_mounted_engine_sees_the_target_below_its_mount_with_the_raw_bytes_unchanged() -> None:
+    target = below_mount(canonical_target("/engines/a/v1/compl%65tions?x=%2F"), "/engines/a")
+    assert (target.path, target.raw, target.query) == ("/v1/completions", "/v1/compl%65tions?x=%2F", "x=%2F")
+    assert below_mount(canonical_target("/engines/a"), "/engines/a").raw == "/"
+    assert below_mount(canonical_target("/engines/%61/sleep"), "/engines/a").raw == "/sleep"  # %61 is "a"
+
+
+def test_a_target_not_below_the_mount_is_refused() -> None:
+    with pytest.raises(BadTarget):
+        below_mount(canonical_target("/engines/b/sleep"), "/engines/a")
+    with pytest.raises(BadTarget):
+        below_mount(canonical_target("/engines/ab/sleep"), "/engines/a")

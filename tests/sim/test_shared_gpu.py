@@ -1,0 +1,68 @@
+"""Several simulators on one device (``--gpu-file-engine``): one GPU file, the device total shared, and a
+wake that does not fit fails as vLLM's does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.conftest import SimFactory
+
+GIB = 1 << 30
+SIZES = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}  # awake 50, asleep 2
+
+
+def _document(path: Path) -> dict[str, object]:
+    document: dict[str, object] = json.loads(path.read_text())
+    return document
+
+
+def _engine_use(path: Path, name: str) -> int:
+    engines = _document(path)["engines"]
+    assert isinstance(engines, dict)
+    return int(engines[name]["used_bytes"])
+
+
+async def test_each_engine_writes_its_own_use_and_the_device_shows_the_sum(
+    make_sim: SimFactory, tmp_path: Path
+) -> None:
+    gpu = tmp_path / "gpu.json"
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **SIZES)
+    await a.api.sleep(1)
+    await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    document = _document(gpu)
+    assert (_engine_use(gpu, "a"), _engine_use(gpu, "b")) == (2 * GIB, 50 * GIB)
+    assert document["used_bytes"] == 52 * GIB and document["total_bytes"] == 80 * GIB
+    assert document["devices"] == [{"index": 0, "uuid": "GPU-sim-0", "used_bytes": 52 * GIB, "total_bytes": 80 * GIB}]
+
+
+async def test_a_wake_that_does_not_fit_is_vllms_out_of_memory_and_the_engine_stays_asleep(
+    make_sim: SimFactory, tmp_path: Path
+) -> None:
+    gpu = tmp_path / "gpu.json"
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **SIZES)
+    await a.api.sleep(1)
+    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    refused = await a.api.wake()
+    assert refused.status == 500
+    assert "CUDA Error: out of memory" in json.dumps(refused.body)
+    state = await a.state()
+    assert state["is_sleeping"] is True and state["asleep_tags"] == ["kv_cache", "weights"]
+    assert _engine_use(gpu, "a") == 2 * GIB
+    await b.api.sleep(1)  # room made: now it fits
+    assert (await a.api.wake()).status == 200
+    assert _engine_use(gpu, "a") == 50 * GIB and _document(gpu)["used_bytes"] == 52 * GIB
+
+
+async def test_with_oom_wedges_every_later_wake_fails_until_a_restart(make_sim: SimFactory, tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu.json"
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", oom_wedges=True, **SIZES)
+    await a.api.sleep(1)
+    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    assert (await a.api.wake()).status == 500
+    await b.api.sleep(1)  # room made, but the engine is wedged
+    wedged = await a.api.wake()
+    assert wedged.status == 500 and "out of memory" in json.dumps(wedged.body)
+    assert (await a.state())["wedged"] == ["wake_up"]
+    a.engine.restart()
+    assert not a.engine.is_sleeping and _engine_use(gpu, "a") == 50 * GIB
