@@ -21,6 +21,7 @@ from . import __version__
 from .app import create_app
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
 from .logs import configure_logging
+from .seam import RawDataPlane
 
 log = logging.getLogger("lifeguard")
 
@@ -103,6 +104,22 @@ async def serve(settings: Settings) -> None:
         port = sim_runner.addresses[0][1]
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
+    if settings.data_plane == "raw":
+        plane = RawDataPlane(create_app(settings), settings)
+        await plane.start(settings.host, settings.port)
+        log.info(
+            "vllm-lifeguard %s listening on http://%s:%s (raw data plane), guarding %s",
+            __version__,
+            settings.host,
+            plane.port,
+            settings.upstream_shown,
+        )
+        await _until_signalled()
+        log.info("shutting down", extra={"event": "shutdown"})
+        await plane.close()
+        for r in runners:
+            await r.cleanup()
+        return
     runner = web.AppRunner(
         create_app(settings),
         handle_signals=False,
@@ -123,14 +140,18 @@ async def serve(settings: Settings) -> None:
         runner.addresses[0][1] if runner.addresses else settings.port,
         settings.upstream_shown,
     )
+    await _until_signalled()
+    log.info("shutting down", extra={"event": "shutdown"})
+    for r in runners:
+        await r.cleanup()
+
+
+async def _until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down", extra={"event": "shutdown"})
-    for r in runners:
-        await r.cleanup()
 
 
 if __name__ == "__main__":

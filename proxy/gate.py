@@ -107,13 +107,21 @@ class RequestGate:
     def held_bytes(self) -> int:
         return self._held_bytes
 
-    async def admit(self, size: int = 0) -> Ticket:
-        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
-        other ending."""
+    def try_admit(self) -> Ticket | None:
+        """A ticket when the request may be forwarded at once, else None (the caller then goes through
+        `admit`): the raw front's fast path, no coroutine."""
         self.last_activity = time.monotonic()
         # While a release drains, newcomers queue behind the held requests: arrival order is kept.
         if self._admission is Admission.FORWARD and self._closed is None and not self._held:
             return self._admitted(0.0)
+        return None
+
+    async def admit(self, size: int = 0) -> Ticket:
+        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
+        other ending."""
+        ticket = self.try_admit()
+        if ticket is not None:
+            return ticket
         if self._closed is not None:
             raise self._closed
         if self._admission is Admission.REJECT_FAILED:

@@ -1,12 +1,15 @@
 """The proxy in front of an in-process simulator, both on loopback test servers.
 
 `make_stack(**settings)` builds one; `Stack` has the helpers tests use to wait on conditions (always
-polling with a deadline, never a fixed sleep).
+polling with a deadline, never a fixed sleep). The proxy serves its socket with the data plane that
+`LIFEGUARD_TEST_DATA_PLANE` names (`raw`: the llhttp front of proxy/front.py with the aiohttp application
+behind proxy/seam.py; `aiohttp`), or the default setting's when unset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,13 +19,41 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
+from proxy.seam import RawDataPlane
 
 FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
+
+
+class RawFrontServer(TestServer):
+    """The proxy as `vllm-lifeguard serve` runs it with `data_plane: raw`, for aiohttp's TestClient."""
+
+    def __init__(self, app: web.Application, settings: Settings) -> None:
+        super().__init__(app)
+        self._settings = settings
+        self.plane: RawDataPlane | None = None
+
+    async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
+        if self.runner:
+            return
+        self.plane = RawDataPlane(self.app, self._settings)
+        await self.plane.start(self.host, 0)
+        self.runner = self.plane.runner
+        self.port = self.plane.port
+        self.scheme = "http"
+        self._root = URL(f"http://{self.host}:{self.port}")
+
+    async def close(self) -> None:
+        if self.plane is not None and not self.closed:
+            await self.plane.close()
+            self._root = None
+            self.port = None
+            self._closed = True
 
 
 @dataclass
@@ -118,11 +149,18 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
             "hold_timeout_s": 10.0,
             **overrides,
         }
+        if "data_plane" not in overrides and os.environ.get("LIFEGUARD_TEST_DATA_PLANE"):
+            values["data_plane"] = os.environ["LIFEGUARD_TEST_DATA_PLANE"]
         settings = Settings(**values)
         app = create_app(settings)
-        # as `vllm-lifeguard serve` runs it: the idle timer is the header read deadline (proxy/cli.py)
-        server = TestServer(app)
-        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
+        server: TestServer
+        if settings.data_plane == "raw":
+            server = RawFrontServer(app, settings)
+            await server.start_server()
+        else:
+            # as `vllm-lifeguard serve` runs it: the idle timer is the header read deadline (proxy/cli.py)
+            server = TestServer(app)
+            await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
         client = await aiohttp_client(server)
         stack = Stack(client, sim_server, app, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle

@@ -1,0 +1,486 @@
+"""The raw front: the proxy's listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
+
+Each request is read once: its target through the one canonical-path decision (proxy/target.py), its kind
+from the route table (proxy/routes.py). An inference request whose whole body is in and which the gate
+admits at once goes to vLLM on a pooled connection (`FastExchange`, proxy/exchange.py) as plain
+callbacks; everything else (held requests, lifecycle and control calls, `/lifeguard/*`, metrics) is relayed
+unchanged to the aiohttp application through the seam (`SeamExchange`, proxy/seam.py), so one keep-alive
+connection may mix both. Pipelined requests are answered in order.
+
+What the front refuses itself, in the one error format (handlers.render_error_bytes), then closes the
+connection: whatever llhttp refuses (request smuggling: Content-Length with Transfer-Encoding, two
+Content-Lengths, a Transfer-Encoding that does not end in chunked, obs-fold, bad chunk sizes; 400), a
+target over 8190 bytes (414), a header line over 8190 bytes, more than 128 headers or a head over 64 KiB
+(431, aiohttp's limits); for inference, a declared or received body over `max_body_bytes` (413) and a body
+that stops arriving (408 after `client_body_timeout_s`); a target read two ways (400, the connection kept).
+A connection without complete headers `client_idle_timeout_s` after it opened or after its last answer is
+closed without a word, as aiohttp did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+
+import httptools
+
+from .config import Settings
+from .coordinator import LifecycleCoordinator
+from .errors import (
+    BadRequest,
+    BadTarget,
+    BodyTimeout,
+    BodyTooLarge,
+    HeadersTooLarge,
+    LifeguardError,
+    TargetTooLong,
+)
+from .exchange import Exchange, FastExchange, SeamExchange, Upstreams
+from .gate import RequestGate
+from .handlers import render_error_bytes
+from .routes import RouteKind, RouteTable
+from .target import canonical_target
+
+log = logging.getLogger("lifeguard.front")
+
+MAX_TARGET = 8190
+MAX_HEADER_LINE = 8190
+MAX_HEADERS = 128
+MAX_HEAD = 64 * 1024
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LINGER_S = 2.0
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop llhttp; the error to answer is on the connection."""
+
+
+class ParsedRequest:
+    """One request as llhttp read it; `body` holds the pieces not yet relayed."""
+
+    __slots__ = (
+        "method",
+        "url",
+        "version",
+        "headers",
+        "keep_alive",
+        "chunked",
+        "content_length",
+        "connection_tokens",
+        "expect_continue",
+        "head_done",
+        "body",
+        "body_size",
+        "complete",
+        "error",
+        "fast_target",
+    )
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.version = "1.1"
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = True
+        self.chunked = False
+        self.content_length: int | None = None
+        self.connection_tokens: frozenset[bytes] = frozenset()
+        self.expect_continue = False
+        self.head_done = False
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.complete = False
+        self.error: LifeguardError | None = None
+        # The origin-form target forwarded to vLLM when this is an inference request; None otherwise.
+        self.fast_target: bytes | None = None
+
+
+class Front:
+    """What every client connection of one proxy shares, and the connections themselves."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        routes: RouteTable,
+        gate: RequestGate,
+        coordinator: LifecycleCoordinator,
+        upstreams: Upstreams,
+    ) -> None:
+        self.settings = settings
+        self.routes = routes
+        self.gate = gate
+        self.coordinator = coordinator
+        self.upstreams = upstreams
+        self.connections: set[FrontConnection] = set()
+        self.active = 0
+        self._drained: asyncio.Future[None] | None = None
+
+    def protocol(self) -> FrontConnection:
+        return FrontConnection(self)
+
+    def exchange_ended(self) -> None:
+        self.active -= 1
+        if self.active == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no exchange is in progress, at most `timeout_s`; then every client connection is closed."""
+        drained = True
+        if self.active:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._drained
+            except TimeoutError:
+                drained = False
+        for conn in list(self.connections):
+            if drained:
+                conn.transport.close()
+            else:
+                conn.transport.abort()
+        return drained
+
+
+class FrontConnection(asyncio.Protocol):
+    def __init__(self, front: Front) -> None:
+        self._front = front
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
+        self._parser = httptools.HttpRequestParser(self)
+        self._parsing: ParsedRequest | None = None
+        self._head_bytes = 0
+        self._queue: collections.deque[ParsedRequest] = collections.deque()
+        self._active: Exchange | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._refusal: LifeguardError | None = None
+        self._read_pauses: set[str] = set()
+        self.writing_paused = False
+        self._closing = False
+        self._close_after = False
+        self._upgraded = False
+        self._pumping = False
+
+    # ----- asyncio
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._front.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing or self._upgraded:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol switch through the proxy (Upgrade is hop-by-hop): the request is answered as a plain
+            # one, and the connection ends with that answer.
+            self._upgraded = self._close_after = True
+        except _Refused:
+            self._refuse(self._refusal or BadRequest("the request was refused"))
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if self._refusal is None:
+                log.exception("unexpected error reading a request", exc_info=exc.__cause__ or exc)
+            self._refuse(self._refusal or LifeguardError("the proxy hit an unexpected error; see its log"))
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(BadRequest(f"malformed HTTP/1.1 request: {exc}"))
+            return
+        if self._parsing is not None and not self._parsing.head_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._refuse(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
+                return
+        self._pump()
+
+    def eof_received(self) -> bool | None:
+        # A client's end of input is taken as the client leaving, as aiohttp's server does: a request it has
+        # sent is abandoned (vLLM aborts it), whether the socket was half-closed or closed.
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._cancel_timers()
+        self._front.connections.discard(self)
+        self._queue.clear()
+        active, self._active = self._active, None
+        if active is not None:
+            active.client_gone()
+            self._front.exchange_ended()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        if self._active is not None:
+            self._active.client_writable(False)
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self._active is not None:
+            self._active.client_writable(True)
+
+    # ----- llhttp
+    def on_message_begin(self) -> None:
+        self._parsing = ParsedRequest()
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        request = self._current()
+        request.url += url
+        if len(request.url) > MAX_TARGET:
+            self._stop(TargetTooLong(f"the request target exceeds {MAX_TARGET} bytes"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._current()
+        if len(name) + len(value) + 2 > MAX_HEADER_LINE or len(request.headers) >= MAX_HEADERS:
+            self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
+                                       f"{MAX_HEADERS} headers"))  # fmt: skip
+        request.headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length":
+            request.content_length = int(value)  # llhttp admits digits only, and one Content-Length
+        elif lowered == b"transfer-encoding":
+            request.chunked = True  # llhttp admits a Transfer-Encoding only when it ends in chunked
+        elif lowered == b"connection":
+            request.connection_tokens |= {token.strip().lower() for token in value.split(b",")}
+        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
+            request.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        request = self._current()
+        request.method = self._parser.get_method()
+        request.version = self._parser.get_http_version()
+        request.keep_alive = self._parser.should_keep_alive()
+        request.head_done = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._classify(request)
+        self._queue.append(request)
+        if self._active is not None or len(self._queue) > 1:
+            self._pause_reading("pipeline")  # answered in order: read on once the one before is answered
+
+    def on_body(self, body: bytes) -> None:
+        request = self._current()
+        request.body_size += len(body)
+        if request.error is None:
+            request.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._current().complete = True
+        self._parsing = None
+
+    def _current(self) -> ParsedRequest:
+        assert self._parsing is not None
+        return self._parsing
+
+    def _stop(self, error: LifeguardError) -> None:
+        self._refusal = error
+        raise _Refused
+
+    # ----- deciding
+    def _classify(self, request: ParsedRequest) -> None:
+        try:
+            target = canonical_target(request.url.decode("latin-1"))
+        except BadTarget as exc:
+            request.error = exc
+            return
+        kind = self._front.routes.classify(request.method.decode("latin-1"), target.path)
+        if kind is not RouteKind.INFERENCE:
+            return
+        request.fast_target = target.raw.encode("latin-1")
+        limit = self._front.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
+            request.error = BodyTooLarge(
+                f"the request body ({request.content_length} bytes) exceeds the limit of {limit} bytes",
+                close_connection=True,
+            )
+
+    def _pump(self) -> None:
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while not self._closing:
+                active = self._active
+                if active is not None:
+                    if isinstance(active, SeamExchange):
+                        active.send_body()
+                    return
+                if not self._queue or not self._start(self._queue[0]):
+                    return
+        finally:
+            self._pumping = False
+
+    def _start(self, request: ParsedRequest) -> bool:
+        """Answer or start the request at the head of the queue; False while its body is still awaited."""
+        front = self._front
+        if request.error is not None:
+            if not (request.complete or request.error.close_connection):
+                self._await_body(request)
+                return False
+            self._queue.popleft()
+            self._answer(request, request.error)
+            return True
+        exchange: Exchange
+        if request.fast_target is not None:
+            limit = front.settings.max_body_bytes
+            if request.body_size > limit:
+                request.error = BodyTooLarge(
+                    f"the request body exceeds the limit of {limit} bytes", close_connection=True
+                )
+                return self._start(request)
+            if not request.complete:
+                self._await_body(request)
+                return False
+            self._cancel_body_timer()
+            ticket = front.gate.try_admit()
+            if ticket is not None:
+                exchange = FastExchange(
+                    self,
+                    request,
+                    front.upstreams,
+                    ticket,
+                    request.fast_target,
+                    stale=front.coordinator.weights_stale,
+                )
+            else:
+                exchange = SeamExchange(self, request, front.upstreams)  # held by the gate, as always
+        else:
+            if request.expect_continue and not request.complete:
+                self.transport.write(_CONTINUE)
+            exchange = SeamExchange(self, request, front.upstreams)
+        self._queue.popleft()
+        self._active = exchange
+        front.active += 1
+        exchange.start()
+        return True
+
+    def _await_body(self, request: ParsedRequest) -> None:
+        if self._body_timer is None:
+            if request.expect_continue:
+                self.transport.write(_CONTINUE)
+            timeout = self._front.settings.client_body_timeout_s
+            self._body_timer = asyncio.get_running_loop().call_later(timeout, self._body_expired, timeout)
+
+    def _body_expired(self, timeout: float) -> None:
+        self._body_timer = None
+        if self._closing or self._active is not None or not self._queue:
+            return
+        request = self._queue.popleft()
+        self._answer(request, request.error or BodyTimeout(f"the request body did not arrive within {timeout:g} s"))
+
+    # ----- answering
+    def _answer(self, request: ParsedRequest, error: LifeguardError) -> None:
+        """An error of the front's own, for a request that reached no upstream."""
+        self._cancel_body_timer()
+        close = error.close_connection or not request.keep_alive or not request.complete or self._close_after
+        self.transport.write(render_error_bytes(error, close=close))
+        if close:
+            self._close()
+        else:
+            self._answered()
+
+    def exchange_done(self, exchange: Exchange, *, close: bool) -> None:
+        if self._active is not exchange:
+            return
+        self._active = None
+        self._front.exchange_ended()
+        if close or self._close_after or self._refusal is not None:
+            if self._refusal is not None and not self._closing:
+                self.transport.write(render_error_bytes(self._refusal, close=True))
+            self._close()
+            return
+        self._answered()
+        self._pump()
+
+    def _answered(self) -> None:
+        if not self._queue:
+            self._resume_reading("pipeline")
+            self._arm_idle()
+
+    def _refuse(self, error: LifeguardError) -> None:
+        """The request stream cannot be read on: answer `error` after the answer in progress, then close."""
+        self._refusal = error
+        self._queue.clear()
+        self._cancel_body_timer()
+        self._pause_reading("refused")
+        active = self._active
+        if active is None:
+            self.transport.write(render_error_bytes(error, close=True))
+            self._close()
+        elif not active.request.complete:
+            # Its body will never be whole: the upstream side sees a broken request, the client an answer
+            # if none has begun.
+            self._active = None
+            self._front.exchange_ended()
+            active.client_gone()
+            if active.head_sent:
+                self.transport.abort()
+            else:
+                self.transport.write(render_error_bytes(error, close=True))
+            self._close()
+
+    def upload_paused(self, paused: bool) -> None:
+        if paused:
+            self._pause_reading("upload")
+        else:
+            self._resume_reading("upload")
+
+    # ----- connection upkeep
+    def _close(self) -> None:
+        """Close after what was written; what the client still sends is read and dropped for a moment, since
+        closing a socket with unread bytes resets it and the client would lose the answer (a lingering close)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._cancel_timers()
+        if self.transport.is_closing():
+            return
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._read_pauses.clear()
+        self.transport.resume_reading()
+        self._idle_timer = asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+
+    def _arm_idle(self) -> None:
+        if self._idle_timer is None and not self._closing:
+            timeout = self._front.settings.client_idle_timeout_s
+            self._idle_timer = asyncio.get_running_loop().call_later(timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self._active is None and not self._queue:
+            self._close()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_body_timer()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _pause_reading(self, reason: str) -> None:
+        if not self._read_pauses and not self._closing:
+            self.transport.pause_reading()
+        self._read_pauses.add(reason)
+
+    def _resume_reading(self, reason: str) -> None:
+        if reason in self._read_pauses:
+            self._read_pauses.discard(reason)
+            if not self._read_pauses and not self._closing:
+                self.transport.resume_reading()
+
+
+ProtocolFactory = Callable[[], FrontConnection]
