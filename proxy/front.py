@@ -71,6 +71,8 @@ class ParsedRequest:
         "connection_tokens",
         "expect_continue",
         "head_done",
+        "head_size",
+        "host",
         "body",
         "body_size",
         "complete",
@@ -89,6 +91,8 @@ class ParsedRequest:
         self.connection_tokens: frozenset[bytes] = frozenset()
         self.expect_continue = False
         self.head_done = False
+        self.head_size = 0
+        self.host = False
         self.body: list[bytes] = []
         self.body_size = 0
         self.complete = False
@@ -240,8 +244,13 @@ class FrontConnection(asyncio.Protocol):
             self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
                                        f"{MAX_HEADERS} headers"))  # fmt: skip
         request.headers.append((name, value))
+        request.head_size += len(name) + len(value) + 4
+        if request.head_size + len(request.url) > MAX_HEAD:
+            self._stop(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
         lowered = name.lower()
-        if lowered == b"content-length":
+        if lowered == b"host":
+            request.host = True
+        elif lowered == b"content-length":
             request.content_length = int(value)  # llhttp admits digits only, and one Content-Length
         elif lowered == b"transfer-encoding":
             request.chunked = True  # llhttp admits a Transfer-Encoding only when it ends in chunked
@@ -256,6 +265,8 @@ class FrontConnection(asyncio.Protocol):
         request.version = self._parser.get_http_version()
         request.keep_alive = self._parser.should_keep_alive()
         request.head_done = True
+        if not request.host and request.version == "1.1":
+            self._stop(BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"))
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None

@@ -133,6 +133,27 @@ def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1]) if raw.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else 0
 
 
+def proxy_settings(**values: Any) -> Settings:
+    """Settings for a proxy under test, on the data plane `LIFEGUARD_TEST_DATA_PLANE` names unless `values` do."""
+    if "data_plane" not in values and os.environ.get("LIFEGUARD_TEST_DATA_PLANE"):
+        values["data_plane"] = os.environ["LIFEGUARD_TEST_DATA_PLANE"]
+    return Settings(**values)
+
+
+async def serve_proxy(aiohttp_client: Any, app: web.Application, settings: Settings) -> TestClient:
+    """`app` listening as `vllm-lifeguard serve` runs it with `settings.data_plane`, and a client for it."""
+    server: TestServer
+    if settings.data_plane == "raw":
+        server = RawFrontServer(app, settings)
+        await server.start_server()
+    else:
+        server = TestServer(app)
+        # the idle timer is the header read deadline (proxy/cli.py)
+        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
+    client: TestClient = await aiohttp_client(server)
+    return client
+
+
 @pytest.fixture
 def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
     async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:
@@ -149,19 +170,9 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
             "hold_timeout_s": 10.0,
             **overrides,
         }
-        if "data_plane" not in overrides and os.environ.get("LIFEGUARD_TEST_DATA_PLANE"):
-            values["data_plane"] = os.environ["LIFEGUARD_TEST_DATA_PLANE"]
-        settings = Settings(**values)
+        settings = proxy_settings(**values)
         app = create_app(settings)
-        server: TestServer
-        if settings.data_plane == "raw":
-            server = RawFrontServer(app, settings)
-            await server.start_server()
-        else:
-            # as `vllm-lifeguard serve` runs it: the idle timer is the header read deadline (proxy/cli.py)
-            server = TestServer(app)
-            await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
-        client = await aiohttp_client(server)
+        client = await serve_proxy(aiohttp_client, app, settings)
         stack = Stack(client, sim_server, app, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle
         # auto-sleep the engine may already be asleep again by the first look: settled is ready then.
