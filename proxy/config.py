@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # --- the data plane
     # `raw`: the llhttp front of proxy/front.py serves the socket and hands all but admitted inference to
     # the aiohttp application (proxy/seam.py); `aiohttp`: aiohttp's server serves every request.
-    data_plane: DataPlane = "aiohttp"
+    data_plane: DataPlane = "raw"
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
