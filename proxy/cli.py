@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .app import create_app
-from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
+from .config import SIMULATOR, DataPlane, LogFormat, LogLevel, OnSleeping, Settings, load_settings
 from .logs import configure_logging
 from .seam import RawDataPlane
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=get_args(LogLevel))
     serve.add_argument("--log-format", choices=get_args(LogFormat))
     serve.add_argument("--on-sleeping", choices=get_args(OnSleeping), help="what a request to a sleeping engine gets")
+    serve.add_argument("--data-plane", choices=get_args(DataPlane), help="which front serves the socket (default raw)")
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
     return parser
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
         "log_format": args.log_format,
         "on_sleeping": args.on_sleeping,
+        "data_plane": args.data_plane,
         "canary_enabled": False if args.no_canary else None,
     }
     try:
