@@ -156,7 +156,10 @@ class FrontConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._queue: collections.deque[ParsedRequest] = collections.deque()
         self._active: Exchange | None = None
+        # One timer per connection, re-armed only when it fires: a request in progress clears the deadline, an
+        # answer moves it (no timer handle made and cancelled per request).
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_deadline: float | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: LifeguardError | None = None
         self._read_pauses: set[str] = set()
@@ -207,8 +210,6 @@ class FrontConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
         self._cancel_timers()
         self._front.connections.discard(self)
         self._queue.clear()
@@ -267,9 +268,7 @@ class FrontConnection(asyncio.Protocol):
         request.head_done = True
         if not request.host and request.version == "1.1":
             self._stop(BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"))
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle_deadline = None
         self._classify(request)
         self._queue.append(request)
         if self._active is not None or len(self._queue) > 1:
@@ -411,8 +410,9 @@ class FrontConnection(asyncio.Protocol):
         self._pump()
 
     def _answered(self) -> None:
+        # The next request (if one is queued) may still need its body read; one queued behind it pauses again.
+        self._resume_reading("pipeline")
         if not self._queue:
-            self._resume_reading("pipeline")
             self._arm_idle()
 
     def _refuse(self, error: LifeguardError) -> None:
@@ -460,15 +460,25 @@ class FrontConnection(asyncio.Protocol):
         self._read_pauses.clear()
         self.transport.resume_reading()
         self._idle_timer = asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+        self._idle_deadline = None
 
     def _arm_idle(self) -> None:
-        if self._idle_timer is None and not self._closing:
-            timeout = self._front.settings.client_idle_timeout_s
-            self._idle_timer = asyncio.get_running_loop().call_later(timeout, self._idle_expired)
+        if self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_deadline = loop.time() + self._front.settings.client_idle_timeout_s
+        if self._idle_timer is None:
+            self._idle_timer = loop.call_at(self._idle_deadline, self._idle_check)
 
-    def _idle_expired(self) -> None:
+    def _idle_check(self) -> None:
         self._idle_timer = None
-        if self._active is None and not self._queue:
+        deadline = self._idle_deadline
+        if self._closing or deadline is None:
+            return  # a request is in progress: its answer arms the deadline again
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._idle_timer = loop.call_at(deadline, self._idle_check)
+        elif self._active is None and not self._queue:
             self._close()
 
     def _cancel_body_timer(self) -> None:

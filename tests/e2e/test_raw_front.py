@@ -260,3 +260,21 @@ async def test_a_client_that_stops_reading_stops_the_front_reading_vllm_and_lose
         assert received == Firehose.TOTAL // (64 * 1024) * 64 * 1024
     finally:
         writer.close()
+
+
+async def test_a_pipelined_request_whose_body_comes_later_is_read_once_the_one_before_is_answered(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack)
+    server = stack.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    tokenize = b'{"model": "tiny", "prompt": "hello"}'
+    try:
+        head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        writer.write(_completion() + head % len(tokenize))
+        assert (await _read_response(reader))[0] == 200
+        writer.write(tokenize)  # reading was paused behind the completion; the answer must resume it
+        status, _, body = await _read_response(reader)
+        assert status == 200 and json.loads(body)["tokens"], body
+    finally:
+        writer.close()
