@@ -20,18 +20,16 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .errors import LifeguardError, UpstreamUnreachable
 from .forward import HOP_BY_HOP, relative_location, sse_error_event
+from .gate import Ticket
 from .handlers import render_error_bytes
 from .inflight import AbortedBySleep, InFlightRequests, sse_abort_event
 from .metrics import Metrics
+from .request_reader import ParsedRequest
 from .upstream_pool import UpstreamConnection, UpstreamPool
-
-if TYPE_CHECKING:
-    from .front import ParsedRequest
-    from .gate import Ticket
 
 log = logging.getLogger("lifeguard.forward")
 

@@ -7,12 +7,10 @@ callbacks; everything else (held requests, lifecycle and control calls, `/lifegu
 unchanged to the aiohttp application through the seam (`SeamExchange`, proxy/seam.py), so one keep-alive
 connection may mix both. Pipelined requests are answered in order.
 
-What the front refuses itself, in the one error format (handlers.render_error_bytes), then closes the
-connection: whatever llhttp refuses (request smuggling: Content-Length with Transfer-Encoding, two
-Content-Lengths, a Transfer-Encoding that does not end in chunked, obs-fold, bad chunk sizes; 400), a
-target over 8190 bytes (414), a header line over 8190 bytes, more than 128 headers or a head over 64 KiB
-(431, aiohttp's limits); for inference, a declared or received body over `max_body_bytes` (413) and a body
-that stops arriving (408 after `client_body_timeout_s`); a target read two ways (400, the connection kept).
+What the front refuses itself, in the one error format (handlers.render_error_bytes): what the request
+reader refuses (proxy/request_reader.py: smuggling, oversized heads), then the connection is closed; for
+inference, a declared or received body over `max_body_bytes` (413) and a body that stops arriving (408
+after `client_body_timeout_s`), closed too; a target read two ways (400, the connection kept).
 A connection without complete headers `client_idle_timeout_s` after it opened or after its last answer is
 closed without a word, as aiohttp did.
 """
@@ -24,81 +22,21 @@ import collections
 import logging
 from collections.abc import Callable
 
-import httptools
-
 from .config import Settings
 from .coordinator import LifecycleCoordinator
-from .errors import (
-    BadRequest,
-    BadTarget,
-    BodyTimeout,
-    BodyTooLarge,
-    HeadersTooLarge,
-    LifeguardError,
-    TargetTooLong,
-)
+from .errors import BadTarget, BodyTimeout, BodyTooLarge, LifeguardError
 from .exchange import Exchange, FastExchange, SeamExchange, Upstreams
 from .gate import RequestGate
 from .handlers import render_error_bytes
+from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind, RouteTable
 from .target import canonical_target
 
 log = logging.getLogger("lifeguard.front")
 
-MAX_TARGET = 8190
-MAX_HEADER_LINE = 8190
-MAX_HEADERS = 128
-MAX_HEAD = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_S = 2.0
-
-
-class _Refused(Exception):
-    """Raised from a parser callback to stop llhttp; the error to answer is on the connection."""
-
-
-class ParsedRequest:
-    """One request as llhttp read it; `body` holds the pieces not yet relayed."""
-
-    __slots__ = (
-        "method",
-        "url",
-        "version",
-        "headers",
-        "keep_alive",
-        "chunked",
-        "content_length",
-        "connection_tokens",
-        "expect_continue",
-        "head_done",
-        "head_size",
-        "host",
-        "body",
-        "body_size",
-        "complete",
-        "error",
-        "fast_target",
-    )
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.url = b""
-        self.version = "1.1"
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.keep_alive = True
-        self.chunked = False
-        self.content_length: int | None = None
-        self.connection_tokens: frozenset[bytes] = frozenset()
-        self.expect_continue = False
-        self.head_done = False
-        self.head_size = 0
-        self.host = False
-        self.body: list[bytes] = []
-        self.body_size = 0
-        self.complete = False
-        self.error: LifeguardError | None = None
-        # The origin-form target forwarded to vLLM when this is an inference request; None otherwise.
-        self.fast_target: bytes | None = None
+_DECIDED_CACHE_SIZE = 256
 
 
 class Front:
@@ -119,7 +57,26 @@ class Front:
         self.upstreams = upstreams
         self.connections: set[FrontConnection] = set()
         self.active = 0
+        self._decided: dict[tuple[bytes, bytes], bytes] = {}
         self._drained: asyncio.Future[None] | None = None
+
+    def inference_target(self, method: bytes, url: bytes) -> bytes | BadTarget | None:
+        """The origin-form target to send vLLM when (method, url) is an inference route, None when it is not,
+        BadTarget when the target reads two ways. Inference uses a handful of targets: the decisions are kept
+        (bounded, as query strings make targets unbounded)."""
+        key = (method, url)
+        decided = self._decided.get(key)
+        if decided is not None:
+            return decided or None
+        try:
+            target = canonical_target(url.decode("latin-1"))
+        except BadTarget as exc:
+            return exc
+        kind = self.routes.classify(method.decode("latin-1"), target.path)
+        fast = target.raw.encode("latin-1") if kind is RouteKind.INFERENCE else b""
+        if len(self._decided) < _DECIDED_CACHE_SIZE:
+            self._decided[key] = fast
+        return fast or None
 
     def protocol(self) -> FrontConnection:
         return FrontConnection(self)
@@ -151,9 +108,7 @@ class FrontConnection(asyncio.Protocol):
     def __init__(self, front: Front) -> None:
         self._front = front
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
-        self._parser = httptools.HttpRequestParser(self)
-        self._parsing: ParsedRequest | None = None
-        self._head_bytes = 0
+        self._reader = RequestReader(self._head_read)
         self._queue: collections.deque[ParsedRequest] = collections.deque()
         self._active: Exchange | None = None
         # One timer per connection, re-armed only when it fires: a request in progress clears the deadline, an
@@ -166,7 +121,6 @@ class FrontConnection(asyncio.Protocol):
         self.writing_paused = False
         self._closing = False
         self._close_after = False
-        self._upgraded = False
         self._pumping = False
 
     # ----- asyncio
@@ -177,30 +131,14 @@ class FrontConnection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing or self._upgraded:
+        if self._closing or self._reader.upgraded:
             return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # No protocol switch through the proxy (Upgrade is hop-by-hop): the request is answered as a plain
-            # one, and the connection ends with that answer.
-            self._upgraded = self._close_after = True
-        except _Refused:
-            self._refuse(self._refusal or BadRequest("the request was refused"))
+        refusal = self._reader.feed(data)
+        if self._reader.upgraded:
+            self._close_after = True
+        if refusal is not None:
+            self._refuse(refusal)
             return
-        except httptools.HttpParserCallbackError as exc:
-            if self._refusal is None:
-                log.exception("unexpected error reading a request", exc_info=exc.__cause__ or exc)
-            self._refuse(self._refusal or LifeguardError("the proxy hit an unexpected error; see its log"))
-            return
-        except httptools.HttpParserError as exc:
-            self._refuse(BadRequest(f"malformed HTTP/1.1 request: {exc}"))
-            return
-        if self._parsing is not None and not self._parsing.head_done:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD:
-                self._refuse(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
-                return
         self._pump()
 
     def eof_received(self) -> bool | None:
@@ -228,81 +166,22 @@ class FrontConnection(asyncio.Protocol):
         if self._active is not None:
             self._active.client_writable(True)
 
-    # ----- llhttp
-    def on_message_begin(self) -> None:
-        self._parsing = ParsedRequest()
-        self._head_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        request = self._current()
-        request.url += url
-        if len(request.url) > MAX_TARGET:
-            self._stop(TargetTooLong(f"the request target exceeds {MAX_TARGET} bytes"))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        request = self._current()
-        if len(name) + len(value) + 2 > MAX_HEADER_LINE or len(request.headers) >= MAX_HEADERS:
-            self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
-                                       f"{MAX_HEADERS} headers"))  # fmt: skip
-        request.headers.append((name, value))
-        request.head_size += len(name) + len(value) + 4
-        if request.head_size + len(request.url) > MAX_HEAD:
-            self._stop(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
-        lowered = name.lower()
-        if lowered == b"host":
-            request.host = True
-        elif lowered == b"content-length":
-            request.content_length = int(value)  # llhttp admits digits only, and one Content-Length
-        elif lowered == b"transfer-encoding":
-            request.chunked = True  # llhttp admits a Transfer-Encoding only when it ends in chunked
-        elif lowered == b"connection":
-            request.connection_tokens |= {token.strip().lower() for token in value.split(b",")}
-        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
-            request.expect_continue = True
-
-    def on_headers_complete(self) -> None:
-        request = self._current()
-        request.method = self._parser.get_method()
-        request.version = self._parser.get_http_version()
-        request.keep_alive = self._parser.should_keep_alive()
-        request.head_done = True
-        if not request.host and request.version == "1.1":
-            self._stop(BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"))
+    # ----- deciding
+    def _head_read(self, request: ParsedRequest) -> None:
         self._idle_deadline = None
         self._classify(request)
         self._queue.append(request)
         if self._active is not None or len(self._queue) > 1:
             self._pause_reading("pipeline")  # answered in order: read on once the one before is answered
 
-    def on_body(self, body: bytes) -> None:
-        request = self._current()
-        request.body_size += len(body)
-        if request.error is None:
-            request.body.append(body)
-
-    def on_message_complete(self) -> None:
-        self._current().complete = True
-        self._parsing = None
-
-    def _current(self) -> ParsedRequest:
-        assert self._parsing is not None
-        return self._parsing
-
-    def _stop(self, error: LifeguardError) -> None:
-        self._refusal = error
-        raise _Refused
-
-    # ----- deciding
     def _classify(self, request: ParsedRequest) -> None:
-        try:
-            target = canonical_target(request.url.decode("latin-1"))
-        except BadTarget as exc:
-            request.error = exc
+        fast_target = self._front.inference_target(request.method, request.url)
+        if isinstance(fast_target, BadTarget):
+            request.error = fast_target
             return
-        kind = self._front.routes.classify(request.method.decode("latin-1"), target.path)
-        if kind is not RouteKind.INFERENCE:
+        if fast_target is None:
             return
-        request.fast_target = target.raw.encode("latin-1")
+        request.fast_target = fast_target
         limit = self._front.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
