@@ -278,3 +278,40 @@ async def test_a_pipelined_request_whose_body_comes_later_is_read_once_the_one_b
         assert status == 200 and json.loads(body)["tokens"], body
     finally:
         writer.close()
+
+
+async def test_the_vllm_pool_opens_no_more_than_its_limit_and_queues_the_rest(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack, upstream_max_connections=2)
+    answers = await asyncio.gather(*(stack.completion(prompt=f"p{n}") for n in range(8)))
+    assert [answer.status for answer in answers] == [200] * 8
+    assert _front(stack).upstreams.vllm.open_connections <= 2
+    assert stack.sim_count("generate") == 8
+
+
+async def test_an_idle_pooled_connection_past_upstream_keepalive_s_is_closed_not_reused(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack, upstream_keepalive_s=0.2)
+    pool = _front(stack).upstreams.vllm
+    assert (await stack.completion()).status == 200
+    deadline = time.monotonic() + 5
+    while pool.open_connections:
+        assert time.monotonic() < deadline, "the idle connection was never closed"
+        await asyncio.sleep(0.02)
+    assert (await stack.completion()).status == 200
+
+
+async def test_vllm_gone_under_an_admitted_request_is_503_upstream_unreachable_in_the_one_error_format(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack, reconcile_interval_s=60.0)  # the gate still says RUNNING
+    await stack.sim_server.close()
+    resp = await stack.completion()
+    assert resp.status == 503
+    assert resp.headers["X-Lifeguard-Reason"] == "upstream_unreachable" and resp.headers["Retry-After"]
+    error = (await resp.json())["error"]
+    assert error["reason"] == "upstream_unreachable" and error["src"] == "lifeguard"
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_inference_requests_total{outcome="upstream_unreachable"} 1.0' in metrics
