@@ -194,7 +194,6 @@ class FastExchange(Exchange):
         self._ticket = ticket
         self._target = target
         self._stale = stale
-        self._started = time.monotonic()
         self._sent_at = 0.0
         self._buffer: list[bytes] | None = None  # a response with a length, sent whole (as forward.py did)
         self._sse = False
@@ -331,7 +330,7 @@ class FastExchange(Exchange):
         self._up.inflight.discard(self)
         metrics = self._up.metrics
         metrics.inference_finished(outcome)
-        metrics.request_duration("inference", time.monotonic() - self._started)
+        metrics.request_duration("inference", time.monotonic() - self.request.started)
         if notify:
             self.client.exchange_done(self, close=self.close_client)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
 
 from .config import Settings
@@ -268,6 +269,8 @@ class FrontConnection(asyncio.Protocol):
     def _answer(self, request: ParsedRequest, error: LifeguardError) -> None:
         """An error of the front's own, for a request that reached no upstream."""
         self._cancel_body_timer()
+        route_class = "inference" if request.fast_target is not None else "passthrough"  # as handlers.proxy counts
+        self._front.upstreams.metrics.request_duration(route_class, time.monotonic() - request.started)
         close = error.close_connection or not request.keep_alive or not request.complete or self._close_after
         self.transport.write(render_error_bytes(error, close=close))
         if close:

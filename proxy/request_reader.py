@@ -12,6 +12,7 @@ the wire cannot be trusted to start where the refused request ends.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -45,6 +46,7 @@ class ParsedRequest:
         "connection_tokens",
         "expect_continue",
         "head_done",
+        "started",
         "head_size",
         "host",
         "body",
@@ -65,6 +67,7 @@ class ParsedRequest:
         self.connection_tokens: frozenset[bytes] = frozenset()
         self.expect_continue = False
         self.head_done = False
+        self.started = 0.0  # time.monotonic() when the head was complete, as the aiohttp handler began
         self.head_size = 0
         self.host = False
         self.body: list[bytes] = []
@@ -147,6 +150,7 @@ class RequestReader:
         request.version = self._parser.get_http_version()
         request.keep_alive = self._parser.should_keep_alive()
         request.head_done = True
+        request.started = time.monotonic()
         if not request.host and request.version == "1.1":
             self._stop(BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"))
         self._on_head(request)

@@ -176,6 +176,8 @@ async def test_a_chunked_inference_body_is_forwarded_whole_and_one_over_the_limi
     raw = await raw_exchange(stack, head + big)
     assert status_of(raw) == 413 and _error(raw)["reason"] == "body_too_large", raw[:300]
     assert stack.sim_count("generate") == 1
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_request_duration_seconds_count{route_class="inference"} 2.0' in metrics  # as aiohttp counts
 
 
 async def test_a_bad_target_is_the_same_400_as_the_aiohttp_path_and_the_connection_is_kept(
