@@ -205,7 +205,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             return
-        self.reusable = self._parser.should_keep_alive()
+        # uvicorn closes the connection after a 500 from an unhandled exception without saying so
+        # (docs/real-vllm.md): reusing it would be a reset on the next request.
+        self.reusable = self._parser.should_keep_alive() and self._parser.get_status_code() < 500
         sink, self._sink = self._sink, None
         if sink is not None:
             sink.response_end()

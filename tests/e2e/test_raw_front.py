@@ -317,3 +317,27 @@ async def test_vllm_gone_under_an_admitted_request_is_503_upstream_unreachable_i
     assert error["reason"] == "upstream_unreachable" and error["src"] == "lifeguard"
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
     assert 'lifeguard_inference_requests_total{outcome="upstream_unreachable"} 1.0' in metrics
+
+
+async def test_a_connection_that_answered_a_5xx_is_not_reused(aiohttp_server: Any, aiohttp_client: Any) -> None:
+    """uvicorn closes the connection after an unhandled exception's 500 without `Connection: close`."""
+    peers: list[Any] = []
+
+    async def boom(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        return web.json_response({"error": "boom"}, status=500)
+
+    upstream_app = Firehose().app
+    upstream_app.router.add_post("/v1/completions", boom)
+    upstream = await aiohttp_server(upstream_app)
+    settings = proxy_settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none", data_plane="raw")
+    client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+    deadline = time.monotonic() + 10
+    while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    for _ in range(2):
+        resp = await client.post("/v1/completions", json={})
+        assert resp.status == 500 and (await resp.json()) == {"error": "boom"}  # vLLM's answer, relayed
+    assert len(peers) == 2 and peers[0] != peers[1]
