@@ -5,6 +5,8 @@ Two kinds share the relay:
 * `FastExchange`: an inference request the gate admitted at once, sent to vLLM with the framing rules of
   proxy/forward.py (hop-by-hop headers and `Connection` tokens dropped, the admin token header dropped, no
   `X-Forwarded-For`, the body with its length). Registered in `InFlightRequests` so a level-2 sleep ends it.
+* `HeldExchange`: an inference request the gate holds, parked in its queue as parsed bytes; admitted, a
+  `FastExchange`.
 * `SeamExchange`: anything else, relayed unchanged to the aiohttp application (proxy/seam.py), which
   holds, guards or forwards it as it always did; its body streams as it arrives.
 
@@ -19,19 +21,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import LifeguardError, UpstreamUnreachable
 from .forward import HOP_BY_HOP, relative_location, sse_error_event
-from .gate import Ticket
-from .handlers import render_error_bytes
+from .gate import Parked, RequestGate, Ticket
+from .handlers import GATE_OUTCOMES, render_error_bytes
 from .inflight import AbortedBySleep, InFlightRequests, sse_abort_event
 from .metrics import Metrics
 from .request_reader import ParsedRequest
 from .upstream_pool import UpstreamConnection, UpstreamPool
 
 log = logging.getLogger("lifeguard.forward")
+log_http = logging.getLogger("lifeguard.http")  # where the aiohttp handlers log a request not forwarded
 
 _HOP_BY_HOP = frozenset(name.encode() for name in HOP_BY_HOP) | {b"expect"}
 # What the front itself frames towards the client; the seam's other headers are relayed as they are.
@@ -48,6 +52,8 @@ class ClientSide(Protocol):
     writing_paused: bool
 
     def exchange_done(self, exchange: Exchange, *, close: bool) -> None: ...
+
+    def replace_exchange(self, old: Exchange, new: Exchange) -> None: ...
 
     def upload_paused(self, paused: bool) -> None: ...
 
@@ -422,3 +428,71 @@ class SeamExchange(Exchange):
             else:
                 conn.close()
         self.client.exchange_done(self, close=self.close_client)
+
+
+class HeldExchange(Exchange):
+    """An inference request the gate holds (`RequestGate.park`): only its parsed bytes and callbacks wait.
+    Admitted, it goes on as a `FastExchange` on the same client connection; refused (deadline, queue full,
+    engine failed, shutdown), it is answered with the gate's error, as the aiohttp handler answered it."""
+
+    def __init__(
+        self,
+        client: ClientSide,
+        request: ParsedRequest,
+        upstreams: Upstreams,
+        gate: RequestGate,
+        target: bytes,
+        stale: Callable[[], bool],
+    ) -> None:
+        super().__init__(client, request)
+        self._up = upstreams
+        self._gate = gate
+        self._target = target
+        self._stale = stale
+        self._parked: Parked | None = None
+
+    def start(self) -> None:
+        try:
+            self._parked = self._gate.park(self, self.request.body_size)
+        except LifeguardError as exc:
+            self.refused(exc)
+
+    def admitted(self, ticket: Ticket) -> None:
+        self._parked = None
+        self.finished = True
+        fast = FastExchange(self.client, self.request, self._up, ticket, self._target, stale=self._stale())
+        self.client.replace_exchange(self, fast)
+        fast.start()
+
+    def refused(self, error: LifeguardError) -> None:
+        self._parked = None
+        self._not_forwarded(error.reason if error.reason in GATE_OUTCOMES else "engine_unavailable")
+        self._answer_error(error)
+        self.finished = True
+        self.client.exchange_done(self, close=self.close_client)
+
+    def client_gone(self) -> None:
+        parked, self._parked = self._parked, None
+        if parked is not None and not self.finished:
+            parked.cancel()
+            self._not_forwarded("client_gone")
+        self.finished = True
+
+    def _not_forwarded(self, outcome: str) -> None:
+        request = self.request
+        held_s = time.monotonic() - request.started
+        metrics = self._up.metrics
+        metrics.inference_finished(outcome)
+        metrics.request_duration("inference", held_s)
+        request_id = next((value for name, value in request.headers if name.lower() == b"x-request-id"), None)
+        log_http.info(
+            "request not forwarded: %s",
+            outcome,
+            extra={
+                "event": "hold_ended",
+                "reason": outcome,
+                "path": request.url.split(b"?", 1)[0].decode("latin-1"),
+                "held_s": round(held_s, 4),
+                "request_id": request_id.decode("latin-1") if request_id is not None else None,
+            },
+        )

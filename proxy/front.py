@@ -26,7 +26,7 @@ from collections.abc import Callable
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import BadTarget, BodyTimeout, BodyTooLarge, LifeguardError
-from .exchange import Exchange, FastExchange, SeamExchange, Upstreams
+from .exchange import Exchange, FastExchange, HeldExchange, SeamExchange, Upstreams
 from .gate import RequestGate
 from .handlers import render_error_bytes
 from .request_reader import ParsedRequest, RequestReader
@@ -240,7 +240,14 @@ class FrontConnection(asyncio.Protocol):
                     stale=front.coordinator.weights_stale,
                 )
             else:
-                exchange = SeamExchange(self, request, front.upstreams)  # held by the gate, as always
+                exchange = HeldExchange(
+                    self,
+                    request,
+                    front.upstreams,
+                    front.gate,
+                    request.fast_target,
+                    lambda: front.coordinator.weights_stale,
+                )
         else:
             if request.expect_continue and not request.complete:
                 self.transport.write(_CONTINUE)
@@ -290,6 +297,11 @@ class FrontConnection(asyncio.Protocol):
             return
         self._answered()
         self._pump()
+
+    def replace_exchange(self, old: Exchange, new: Exchange) -> None:
+        """A held request admitted: its forwarding takes its place on this connection."""
+        if self._active is old:
+            self._active = new
 
     def _answered(self) -> None:
         # The next request (if one is queued) may still need its body read; one queued behind it pauses again.

@@ -270,7 +270,7 @@ async def _inference(request: web.Request, target: Target, body: bytes) -> web.S
     try:
         ticket = await app[GATE].admit(len(body))
     except LifeguardError as exc:
-        metrics.inference_finished(exc.reason if exc.reason in _GATE_OUTCOMES else "engine_unavailable")
+        metrics.inference_finished(exc.reason if exc.reason in GATE_OUTCOMES else "engine_unavailable")
         _log_not_forwarded(request, exc.reason, started)
         raise
     except BaseException:
@@ -316,7 +316,5 @@ def _log_not_forwarded(request: web.Request, reason: str, started: float) -> Non
     )
 
 
-_GATE_OUTCOMES = frozenset(
-    {"hold_timeout", "hold_queue_full", "shutting_down", "engine_unavailable", "engine_sleeping"}
-)
+GATE_OUTCOMES = frozenset({"hold_timeout", "hold_queue_full", "shutting_down", "engine_unavailable", "engine_sleeping"})
 _STALE_HEADER = {"X-Lifeguard-Weights-Stale": "true"}

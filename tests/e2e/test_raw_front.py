@@ -341,3 +341,20 @@ async def test_a_connection_that_answered_a_5xx_is_not_reused(aiohttp_server: An
         resp = await client.post("/v1/completions", json={})
         assert resp.status == 500 and (await resp.json()) == {"error": "boom"}  # vLLM's answer, relayed
     assert len(peers) == 2 and peers[0] != peers[1]
+
+
+async def test_a_held_request_waits_parked_in_the_front_and_goes_straight_to_vllm_on_the_wake(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack)
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
+    held = asyncio.ensure_future(stack.completion())
+    await stack.wait_held(1)
+    front = _front(stack)
+    assert [type(conn._active).__name__ for conn in front.connections if conn._active is not None] == ["HeldExchange"]
+    assert (await stack.client.post("/wake_up")).status == 200
+    assert (await held).status == 200
+    assert front.upstreams.vllm.open_connections == 1  # forwarded on the pool, not through the application
+    metrics = await (await stack.client.get("/lifeguard/metrics")).text()
+    assert 'lifeguard_inference_requests_total{outcome="forwarded"} 1.0' in metrics
+    assert 'lifeguard_hold_duration_seconds_count{outcome="forwarded"} 1.0' in metrics
