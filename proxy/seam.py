@@ -2,13 +2,14 @@
 
 `data_plane: raw` runs the proxy as two listeners in one process. The public socket is the raw front
 (proxy/front.py): it forwards inference to vLLM itself while the gate admits at once. Every other request
-(held inference, lifecycle and control calls, `/lifeguard/*`, metrics, what the front cannot decide) is
+(lifecycle and control calls, `/lifeguard/*`, metrics, pass-through routes: all but inference) is
 relayed byte for byte to the unchanged aiohttp application (proxy/app.py), which this module serves on a
 private unix socket in a directory only this user can enter. The application answers exactly as it
 did when it listened itself; the front relays that answer back on the client's connection.
 
 Shutdown: the public socket stops accepting; then, side by side, the application shuts down as before
-(held requests 503 `shutting_down`, its handlers get `shutdown_grace_s`) and the front waits up to
+(held requests, the front's parked ones too, 503 `shutting_down`; its handlers get `shutdown_grace_s`)
+and the front waits up to
 `shutdown_grace_s` for its own exchanges; then both upstream pools close.
 """
 
