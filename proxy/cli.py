@@ -19,9 +19,10 @@ from pydantic import ValidationError
 
 from . import __version__
 from .app import create_app
-from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
+from .config import SIMULATOR, DataPlane, LogFormat, LogLevel, OnSleeping, Settings, load_settings
 from .engines import create_engines_app
 from .logs import configure_logging
+from .seam import RawDataPlane
 
 log = logging.getLogger("lifeguard")
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=get_args(LogLevel))
     serve.add_argument("--log-format", choices=get_args(LogFormat))
     serve.add_argument("--on-sleeping", choices=get_args(OnSleeping), help="what a request to a sleeping engine gets")
+    serve.add_argument("--data-plane", choices=get_args(DataPlane), help="which front serves the socket (default raw)")
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
     return parser
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
         "log_format": args.log_format,
         "on_sleeping": args.on_sleeping,
+        "data_plane": args.data_plane,
         "canary_enabled": False if args.no_canary else None,
     }
     try:
@@ -104,6 +107,23 @@ async def serve(settings: Settings) -> None:
         port = sim_runner.addresses[0][1]
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
+    # The raw front guards one engine; several engines (`engines:`) are served by the aiohttp plane.
+    if settings.data_plane == "raw" and not settings.engines:
+        plane = RawDataPlane(create_app(settings), settings)
+        await plane.start(settings.host, settings.port)
+        log.info(
+            "vllm-lifeguard %s listening on http://%s:%s (raw data plane), guarding %s",
+            __version__,
+            settings.host,
+            plane.port,
+            settings.upstream_shown,
+        )
+        await _until_signalled()
+        log.info("shutting down", extra={"event": "shutdown"})
+        await plane.close()
+        for r in runners:
+            await r.cleanup()
+        return
     runner = web.AppRunner(
         create_engines_app(settings) if settings.engines else create_app(settings),
         handle_signals=False,
@@ -124,14 +144,18 @@ async def serve(settings: Settings) -> None:
         runner.addresses[0][1] if runner.addresses else settings.port,
         settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
     )
+    await _until_signalled()
+    log.info("shutting down", extra={"event": "shutdown"})
+    for r in runners:
+        await r.cleanup()
+
+
+async def _until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down", extra={"event": "shutdown"})
-    for r in runners:
-        await r.cleanup()
 
 
 if __name__ == "__main__":

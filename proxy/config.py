@@ -23,6 +23,7 @@ from pydantic_settings import (
 OnSleeping = Literal["hold", "reject", "wake"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
+DataPlane = Literal["raw", "aiohttp"]
 RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
 #: The `upstream` that guards the embedded simulator (lifeguard_sim) instead of a vLLM: only when asked for.
 SIMULATOR = "sim"
@@ -85,6 +86,9 @@ class Settings(BaseSettings):
     log_format: LogFormat = "text"
 
     # --- the data plane
+    # `raw`: the llhttp front of proxy/front.py serves the socket and hands all but admitted inference to
+    # the aiohttp application (proxy/seam.py); `aiohttp`: aiohttp's server serves every request.
+    data_plane: DataPlane = "raw"
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)

@@ -52,6 +52,33 @@ class BadTarget(LifeguardError):
     retry_after = None
 
 
+class BadRequest(LifeguardError):
+    """A request the HTTP/1.1 parser refuses (ambiguous framing, obs-fold, a bad chunk size ...): the
+    connection cannot be trusted to carry another request."""
+
+    status = 400
+    reason = "bad_request"
+    error_type = "BadRequestError"
+    retry_after = None
+    close_connection = True
+
+
+class TargetTooLong(LifeguardError):
+    status = 414
+    reason = "target_too_long"
+    error_type = "BadRequestError"
+    retry_after = None
+    close_connection = True
+
+
+class HeadersTooLarge(LifeguardError):
+    status = 431
+    reason = "headers_too_large"
+    error_type = "BadRequestError"
+    retry_after = None
+    close_connection = True
+
+
 class BodyTooLarge(LifeguardError):
     status = 413
     reason = "body_too_large"

@@ -68,7 +68,7 @@ def sse_error_event(message: str) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def _relative_to(location: str, origins: tuple[str, ...]) -> str:
+def relative_location(location: str, origins: tuple[str, ...]) -> str:
     """`location` made relative when it points at one of `origins` (vLLM's own address)."""
     for origin in origins:
         if location.startswith(origin) and location[len(origin) : len(origin) + 1] in ("", "/", "?"):
@@ -156,7 +156,7 @@ class Forwarder:
         location = headers.get("Location")
         if location is not None:
             # starlette's redirects (a trailing slash) name vLLM's own address; the client must stay with us.
-            headers["Location"] = _relative_to(location, self._upstream_origins)
+            headers["Location"] = relative_location(location, self._upstream_origins)
         is_sse = "text/event-stream" in upstream.headers.get("Content-Type", "").lower()
         if upstream.content_length is not None and not is_sse:
             payload = await upstream.read()

@@ -4,6 +4,10 @@ The coordinator tells the gate what to do (`set_admission`) after every state ch
 looks at the machine itself. The fast path (engine RUNNING) is one comparison and a counter, no lock:
 asyncio runs one callback at a time, so the admission read and the in-flight increment are atomic.
 
+Two kinds of held request share the queue and its rules: a coroutine waiting in `admit` (the aiohttp
+application), and a `Parked` request of the raw front (proxy/front.py), which is only its callbacks and a
+deadline timer: no task, future or `web.Request` per held request.
+
 Every held request ends exactly one way: released (forwarded), client gone (the handler was
 cancelled), its deadline (`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a
 request already held when the engine fails keeps waiting until its deadline, because the engine may
@@ -16,6 +20,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from .errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, LifeguardError, ShuttingDown
 from .rules import Admission
@@ -42,6 +47,58 @@ class Ticket:
             self._gate._finished()
 
 
+class ParkedOwner(Protocol):
+    """What a parked request is told: admitted (forward it now), or refused with the error to answer."""
+
+    def admitted(self, ticket: Ticket) -> None: ...
+
+    def refused(self, error: LifeguardError) -> None: ...
+
+
+class Parked:
+    """A raw-front request held in the gate's queue; `cancel()` when its client leaves."""
+
+    __slots__ = ("_gate", "_owner", "_size", "_timer", "_started", "_ended")
+
+    def __init__(self, gate: RequestGate, owner: ParkedOwner, size: int, timeout_s: float) -> None:
+        self._gate = gate
+        self._owner = owner
+        self._size = size
+        self._started = time.monotonic()
+        self._ended = False
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expired)
+
+    def cancel(self) -> None:
+        if self._end("client_gone"):
+            self._gate._forget(self)
+
+    def _expired(self) -> None:
+        if self._end("hold_timeout"):
+            self._gate._forget(self)
+            timeout = self._gate._hold_timeout_s
+            error = HoldTimeout(f"held {timeout:g} s while the engine was not ready; giving up", retry_after=5.0)
+            self._owner.refused(error)
+
+    def _release(self) -> bool:
+        if not self._end("forwarded"):
+            return False
+        self._owner.admitted(self._gate._admitted(time.monotonic() - self._started))
+        return True
+
+    def _fail(self, error: LifeguardError) -> None:
+        if self._end(error.reason):
+            self._owner.refused(error)
+
+    def _end(self, outcome: str) -> bool:
+        if self._ended:
+            return False
+        self._ended = True
+        self._timer.cancel()
+        self._gate._held_bytes -= self._size
+        self._gate._on_hold_ended(outcome, time.monotonic() - self._started)
+        return True
+
+
 class RequestGate:
     def __init__(
         self,
@@ -60,7 +117,7 @@ class RequestGate:
         self.on_held_while_sleeping: Callable[[], None] = lambda: None
         self._admission = Admission.HOLD
         self._sleeping = False
-        self._held: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._held: collections.deque[asyncio.Future[None] | Parked] = collections.deque()
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -92,7 +149,9 @@ class RequestGate:
         released = 0
         while self._held and released < RELEASE_BATCH:
             waiter = self._held.popleft()
-            if not waiter.done():
+            if isinstance(waiter, Parked):
+                released += waiter._release()
+            elif not waiter.done():
                 waiter.set_result(None)
                 released += 1
         if self._held and self._admission is Admission.FORWARD:
@@ -107,13 +166,42 @@ class RequestGate:
     def held_bytes(self) -> int:
         return self._held_bytes
 
-    async def admit(self, size: int = 0) -> Ticket:
-        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
-        other ending."""
+    def try_admit(self) -> Ticket | None:
+        """A ticket when the request may be forwarded at once, else None (the caller then goes through
+        `admit`): the raw front's fast path, no coroutine."""
         self.last_activity = time.monotonic()
         # While a release drains, newcomers queue behind the held requests: arrival order is kept.
         if self._admission is Admission.FORWARD and self._closed is None and not self._held:
             return self._admitted(0.0)
+        return None
+
+    async def admit(self, size: int = 0) -> Ticket:
+        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
+        other ending."""
+        ticket = self.try_admit()
+        if ticket is not None:
+            return ticket
+        self._check_room(size)
+        self._held_bytes += size
+        try:
+            return await self._hold()
+        finally:
+            self._held_bytes -= size
+
+    def park(self, owner: ParkedOwner, size: int = 0) -> Parked:
+        """`admit` for the raw front, as callbacks: call after `try_admit` said no. Raises the LifeguardError
+        of a request refused at once; otherwise `owner` is told exactly once how the hold ended (admitted,
+        or refused with the error), unless the request is cancelled first."""
+        self._check_room(size)
+        self._held_bytes += size
+        parked = Parked(self, owner, size, self._hold_timeout_s)
+        self._held.append(parked)
+        if self._sleeping:
+            self.on_held_while_sleeping()
+        return parked
+
+    def _check_room(self, size: int) -> None:
+        """Raise the error of a request that may not be held."""
         if self._closed is not None:
             raise self._closed
         if self._admission is Admission.REJECT_FAILED:
@@ -130,11 +218,6 @@ class RequestGate:
                 f"held request bodies take {self._held_bytes} bytes; this one ({size}) would pass the limit "
                 f"of {self._max_held_bytes}"
             )
-        self._held_bytes += size
-        try:
-            return await self._hold()
-        finally:
-            self._held_bytes -= size
 
     async def _hold(self) -> Ticket:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -174,7 +257,7 @@ class RequestGate:
         if self._inflight == 0:
             self._idle.set()
 
-    def _forget(self, waiter: asyncio.Future[None]) -> None:
+    def _forget(self, waiter: asyncio.Future[None] | Parked) -> None:
         try:
             self._held.remove(waiter)
         except ValueError:
@@ -183,7 +266,9 @@ class RequestGate:
     def _fail_held(self, error: LifeguardError) -> None:
         while self._held:
             waiter = self._held.popleft()
-            if not waiter.done():
+            if isinstance(waiter, Parked):
+                waiter._fail(error)
+            elif not waiter.done():
                 waiter.set_exception(error)
 
     def refuse_held(self, error: LifeguardError) -> None:

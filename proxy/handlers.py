@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import http
+import json
 import logging
 import math
 import time
@@ -56,12 +58,9 @@ UNKNOWN_ROUTES = web.AppKey("unknown_routes", UnknownRoutes)
 MOUNT = web.AppKey("mount", str)
 
 
-def render_error(error: LifeguardError) -> web.Response:
-    if isinstance(error, UpstreamRejected):
-        # vLLM's own refusal of a lifecycle call: the client sees what vLLM said, as vLLM said it.
-        rejected = web.Response(status=error.status, body=error.body, headers={"X-Lifeguard-Reason": error.reason})
-        rejected.headers["Content-Type"] = error.content_type or "application/json"
-        return rejected
+def error_parts(error: LifeguardError) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and JSON body of an error the proxy makes itself: the one format, whichever front
+    writes it (`render_error` for aiohttp, `render_error_bytes` for the raw front of proxy/front.py)."""
     body = {
         "error": {
             "message": error.message,
@@ -75,10 +74,36 @@ def render_error(error: LifeguardError) -> web.Response:
     headers = {"X-Lifeguard-Reason": error.reason}
     if error.status == 503 or error.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after or 1)))
-    response = web.json_response(body, status=error.status, headers=headers)
+    return error.status, headers, json.dumps(body).encode()
+
+
+def render_error(error: LifeguardError) -> web.Response:
+    if isinstance(error, UpstreamRejected):
+        # vLLM's own refusal of a lifecycle call: the client sees what vLLM said, as vLLM said it.
+        rejected = web.Response(status=error.status, body=error.body, headers={"X-Lifeguard-Reason": error.reason})
+        rejected.headers["Content-Type"] = error.content_type or "application/json"
+        return rejected
+    status, headers, body = error_parts(error)
+    response = web.Response(status=status, body=body, headers=headers, content_type=JSON_CONTENT_TYPE, charset="utf-8")
     if error.close_connection:
         response.force_close()
     return response
+
+
+def render_error_bytes(error: LifeguardError, *, close: bool = False) -> bytes:
+    """The whole HTTP/1.1 response of `render_error`, as bytes for a raw transport; `close` (or the error's
+    own `close_connection`) adds `Connection: close`."""
+    status, headers, body = error_parts(error)
+    lines = [f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}", f"Content-Type: {JSON_CONTENT_TYPE}; charset=utf-8"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines.append(f"Content-Length: {len(body)}")
+    if close or error.close_connection:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+JSON_CONTENT_TYPE = "application/json"
+_PHRASES = {status.value: status.phrase for status in http.HTTPStatus}
 
 
 @web.middleware
@@ -252,7 +277,7 @@ async def _inference(request: web.Request, app: web.Application, target: Target,
     try:
         ticket = await app[GATE].admit(len(body))
     except LifeguardError as exc:
-        metrics.inference_finished(exc.reason if exc.reason in _GATE_OUTCOMES else "engine_unavailable")
+        metrics.inference_finished(exc.reason if exc.reason in GATE_OUTCOMES else "engine_unavailable")
         _log_not_forwarded(request, exc.reason, started)
         raise
     except BaseException:
@@ -298,7 +323,7 @@ def _log_not_forwarded(request: web.Request, reason: str, started: float) -> Non
     )
 
 
-_GATE_OUTCOMES = frozenset(
+GATE_OUTCOMES = frozenset(
     {
         "hold_timeout",
         "hold_queue_full",

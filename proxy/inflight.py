@@ -9,9 +9,10 @@ the client gets 503 `aborted_by_sleep`, or, on a stream that already started, th
 event and then the end of the stream. `abort_all` is the entry point for any call after which the weights
 vLLM holds are not those a queued request was sent for (a level-2 sleep today).
 
-The mechanism is `asyncio.timeout(None)` rescheduled to now: it cancels the forwarding task at its
+Entries of the aiohttp path: `asyncio.timeout(None)` rescheduled to now: it cancels the forwarding task at its
 current await and turns that into a `TimeoutError` at the block's end, without taking a cancellation
-that belongs to aiohttp (a client that left) for ours.
+that belongs to aiohttp (a client that left) for ours. Entries of the raw front (proxy/exchange.py) end
+themselves synchronously in `abort`; both kinds are `Abortable`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -36,6 +38,15 @@ _UNWIND_S = 2.0
 class AbortedBySleep(LifeguardError):
     reason = "aborted_by_sleep"
     retry_after = 5.0
+
+
+class Abortable(Protocol):
+    def abort(self, message: str) -> bool:
+        """End the request (its upstream connection closed, its client answered); False when there was
+        nothing left to end."""
+        ...
+
+    async def wait_ended(self) -> None: ...
 
 
 class InFlight:
@@ -65,14 +76,24 @@ class InFlight:
         self._timeout.reschedule(asyncio.get_running_loop().time())
         return True
 
+    async def wait_ended(self) -> None:
+        await self._ended.wait()
+
 
 class InFlightRequests:
     def __init__(self) -> None:
-        self._entries: set[InFlight] = set()
-        self._aborting: list[InFlight] = []
+        self._entries: set[Abortable] = set()
+        self._aborting: list[Abortable] = []
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def add(self, entry: Abortable) -> None:
+        """A request forwarded by the raw front; it calls `discard` when it ends."""
+        self._entries.add(entry)
+
+    def discard(self, entry: Abortable) -> None:
+        self._entries.discard(entry)
 
     async def run(
         self, request: web.Request, send: Callable[[InFlight], Awaitable[web.StreamResponse]]
@@ -114,7 +135,7 @@ class InFlightRequests:
             return
         try:
             async with asyncio.timeout(_UNWIND_S):
-                await asyncio.gather(*(entry._ended.wait() for entry in pending))
+                await asyncio.gather(*(entry.wait_ended() for entry in pending))
         except TimeoutError:
             log.warning("aborted requests did not unwind within %g s", _UNWIND_S)
 

@@ -3,7 +3,8 @@
 * direct: to the trivial upstream (nginx, fixed answers) or, for SSE and lifecycle, to the fake vLLM
   (`upstream.py`);
 * nginx: nginx as a reverse proxy in front of both (one worker: one proxy process against one);
-* lifeguard: `python -m proxy serve` from the checkout under test, one process.
+* lifeguard: `python -m proxy serve` from the checkout under test, one process, on the data plane
+  `--data-plane` names (raw, the default, or aiohttp).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Rig:
     nginx_worker: int = 0
     lg: Proc | None = None
     lg_port: int = 0
+    data_plane: str = "raw"
 
     def render(self, template: str, out: str, **values: int | str) -> Path:
         text = (HERE / template).read_text()
@@ -91,6 +93,7 @@ class Rig:
         self.lg_port = free_port()
         argv = [sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream_port}"]
         argv += ["--port", str(self.lg_port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning"]
+        argv += ["--data-plane", self.data_plane]
         self.lg = self.start("lifeguard", argv, cwd=self.proxy_src)
 
         async def running() -> bool:

@@ -57,9 +57,9 @@ def workdir(keep: bool) -> Iterator[Path]:
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     res: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "func"}}
-    log(f"machine: {res['machine']}; vllm-lifeguard from {args.proxy_src}")
+    log(f"machine: {res['machine']}; vllm-lifeguard from {args.proxy_src}, data plane {args.data_plane}")
     with workdir(args.keep) as wd:
-        rig = Rig(wd, Path(args.proxy_src).resolve())
+        rig = Rig(wd, Path(args.proxy_src).resolve(), data_plane=args.data_plane)
         try:
             await rig.start_fixed()
             if "fixed" in args.only:
@@ -80,7 +80,8 @@ async def run(args: argparse.Namespace) -> int:
         res["load_after"] = f.read().split()[:3]
     res["seconds"] = time.monotonic() - started
     print()
-    print(f"vllm-lifeguard performance — {res['machine']} (after: {' '.join(res['load_after'])})")
+    print(f"vllm-lifeguard performance, data plane {args.data_plane} — {res['machine']} "
+          f"(after: {' '.join(res['load_after'])})")  # fmt: skip
     print(f"run took {res['seconds']:.0f} s; medians of {args.reps} run(s)" + (" (quick)" if args.quick else ""))
     print()
     for line in build_table(res, args):
@@ -95,6 +96,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one short repetition of everything, 2,000 held (< 2 min)")
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument("--only", default="fixed,sse,lifecycle,hold", help="comma list: fixed,sse,lifecycle,hold")
+    parser.add_argument("--data-plane", default="raw", choices=("raw", "aiohttp"), help="the proxy's front")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument("--conns", default="1,64,256")

@@ -1,12 +1,15 @@
 """The proxy in front of an in-process simulator, both on loopback test servers.
 
 `make_stack(**settings)` builds one; `Stack` has the helpers tests use to wait on conditions (always
-polling with a deadline, never a fixed sleep).
+polling with a deadline, never a fixed sleep). The proxy serves its socket with the data plane that
+`LIFEGUARD_TEST_DATA_PLANE` names (`raw`: the llhttp front of proxy/front.py with the aiohttp application
+behind proxy/seam.py; `aiohttp`), or the default setting's when unset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,13 +19,41 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.app import create_app
 from proxy.config import Settings
+from proxy.seam import RawDataPlane
 
 FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
+
+
+class RawFrontServer(TestServer):
+    """The proxy as `vllm-lifeguard serve` runs it with `data_plane: raw`, for aiohttp's TestClient."""
+
+    def __init__(self, app: web.Application, settings: Settings) -> None:
+        super().__init__(app)
+        self._settings = settings
+        self.plane: RawDataPlane | None = None
+
+    async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
+        if self.runner:
+            return
+        self.plane = RawDataPlane(self.app, self._settings)
+        await self.plane.start(self.host, 0)
+        self.runner = self.plane.runner
+        self.port = self.plane.port
+        self.scheme = "http"
+        self._root = URL(f"http://{self.host}:{self.port}")
+
+    async def close(self) -> None:
+        if self.plane is not None and not self.closed:
+            await self.plane.close()
+            self._root = None
+            self.port = None
+            self._closed = True
 
 
 @dataclass
@@ -102,6 +133,27 @@ def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1]) if raw.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else 0
 
 
+def proxy_settings(**values: Any) -> Settings:
+    """Settings for a proxy under test, on the data plane `LIFEGUARD_TEST_DATA_PLANE` names unless `values` do."""
+    if "data_plane" not in values and os.environ.get("LIFEGUARD_TEST_DATA_PLANE"):
+        values["data_plane"] = os.environ["LIFEGUARD_TEST_DATA_PLANE"]
+    return Settings(**values)
+
+
+async def serve_proxy(aiohttp_client: Any, app: web.Application, settings: Settings) -> TestClient:
+    """`app` listening as `vllm-lifeguard serve` runs it with `settings.data_plane`, and a client for it."""
+    server: TestServer
+    if settings.data_plane == "raw":
+        server = RawFrontServer(app, settings)
+        await server.start_server()
+    else:
+        server = TestServer(app)
+        # the idle timer is the header read deadline (proxy/cli.py)
+        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
+    client: TestClient = await aiohttp_client(server)
+    return client
+
+
 @pytest.fixture
 def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
     async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:
@@ -118,12 +170,9 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
             "hold_timeout_s": 10.0,
             **overrides,
         }
-        settings = Settings(**values)
+        settings = proxy_settings(**values)
         app = create_app(settings)
-        # as `vllm-lifeguard serve` runs it: the idle timer is the header read deadline (proxy/cli.py)
-        server = TestServer(app)
-        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
-        client = await aiohttp_client(server)
+        client = await serve_proxy(aiohttp_client, app, settings)
         stack = Stack(client, sim_server, app, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle
         # auto-sleep the engine may already be asleep again by the first look: settled is ready then.

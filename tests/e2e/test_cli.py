@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 BIN = Path(sys.executable).with_name("vllm-lifeguard")
 
@@ -57,10 +58,11 @@ async def test_serve_without_an_upstream_exits_2_naming_the_setting() -> None:
     assert b"LIFEGUARD_UPSTREAM" in err and b"--upstream sim" in err
 
 
-async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plane", ["raw", "aiohttp"])
+async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path, plane: str) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "LIFEGUARD_PORT": str(port), "LIFEGUARD_GPU_PROBE": "none"}
+    env = {**os.environ, "LIFEGUARD_PORT": str(port), "LIFEGUARD_GPU_PROBE": "none", "LIFEGUARD_DATA_PLANE": plane}
     log = (tmp_path / "log").open("wb")
     proc = await asyncio.create_subprocess_exec(str(BIN), "serve", "--upstream", "sim", stdout=log, stderr=log, env=env)
     try:
@@ -79,6 +81,7 @@ async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> 
             resp = await asyncio.wait_for(held, 10)
             assert resp.status == 503
             assert resp.headers["X-Lifeguard-Reason"] == "shutting_down"
+            resp.release()
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
         if proc.returncode is None:

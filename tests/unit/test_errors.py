@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-from proxy.errors import REASONS, LifeguardError
+import pytest
+
+from proxy.errors import REASONS, BadRequest, BodyTooLarge, HoldTimeout, LifeguardError
+from proxy.handlers import render_error, render_error_bytes
 from proxy.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
 from proxy.probes import CheckName, CheckResult
 
@@ -38,3 +41,20 @@ def test_the_gate_outcomes_are_reasons() -> None:
 def test_the_metric_label_sets_are_the_verifiers_vocabulary() -> None:
     assert set(CHECKS) == set(CheckName)
     assert set(CHECK_RESULTS) == set(CheckResult)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [BodyTooLarge("too big", close_connection=True), HoldTimeout("held too long"), BadRequest("smuggled")],
+)
+def test_the_raw_front_writes_the_same_error_as_the_aiohttp_renderer(error: LifeguardError) -> None:
+    response = render_error(error)
+    raw = render_error_bytes(error)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    assert lines[0] == f"HTTP/1.1 {response.status} {response.reason}"
+    assert body == response.body
+    assert {name: headers[name] for name in response.headers} == dict(response.headers)
+    assert int(headers["Content-Length"]) == len(body)
+    assert ("Connection" in headers) == error.close_connection

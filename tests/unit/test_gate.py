@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from proxy.errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, ShuttingDown
-from proxy.gate import RequestGate
+from proxy.errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, LifeguardError, ShuttingDown
+from proxy.gate import RequestGate, Ticket
 from proxy.rules import Admission
 
 
@@ -148,3 +148,65 @@ async def test_a_large_release_drains_in_batches_and_newcomers_queue_behind_it()
     await asyncio.gather(*tasks)
     assert order == list(range(201))
     assert endings.count("forwarded") == 201
+
+
+class Owner:
+    """A raw-front request parked in the gate: records how its hold ended."""
+
+    def __init__(self, g: RequestGate, name: str, order: list[str]) -> None:
+        self.gate, self.name, self.order = g, name, order
+        self.error: LifeguardError | None = None
+        self.ticket: Ticket | None = None
+
+    def admitted(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.order.append(self.name)
+
+    def refused(self, error: LifeguardError) -> None:
+        self.error = error
+
+
+async def test_parked_and_waiting_requests_are_released_together_in_arrival_order() -> None:
+    g, endings = gate()
+    order: list[str] = []
+    first = Owner(g, "parked-1", order)
+    g.park(first, 10)
+
+    async def waiting() -> None:
+        ticket = await g.admit()
+        order.append("admit")
+        ticket.done()
+
+    task = asyncio.ensure_future(waiting())
+    await held(g, 2)
+    g.park(Owner(g, "parked-2", order))
+    assert g.held == 3 and g.held_bytes == 10
+    g.set_admission(Admission.FORWARD)
+    await task
+    # One release, in arrival order; a coroutine waiter goes on at its next turn, a parked one at once.
+    assert order == ["parked-1", "parked-2", "admit"]
+    assert endings == ["forwarded"] * 3 and g.held == 0 and g.held_bytes == 0
+    assert first.ticket is not None and g.inflight == 2
+    first.ticket.done()
+
+
+async def test_a_parked_request_ends_once_whether_cancelled_timed_out_or_failed() -> None:
+    g, endings = gate(max_held=2)
+    order: list[str] = []
+    gone, late, last = Owner(g, "gone", order), Owner(g, "late", order), Owner(g, "last", order)
+    parked = g.park(gone, 5)
+    g.park(late, 5)
+    with pytest.raises(HoldQueueFull):
+        g.park(last)
+    parked.cancel()
+    parked.cancel()
+    assert endings == ["hold_queue_full", "client_gone"] and g.held == 1 and g.held_bytes == 5
+    g._held[0]._expired()  # type: ignore[union-attr]  # its deadline, without waiting for it
+    assert isinstance(late.error, HoldTimeout) and late.error.retry_after == 5.0
+    g.park(last)
+    g.close()
+    assert isinstance(last.error, ShuttingDown)
+    assert endings == ["hold_queue_full", "client_gone", "hold_timeout", "shutting_down"]
+    assert g.held == 0 and g.held_bytes == 0 and order == []
+    with pytest.raises(ShuttingDown):
+        g.park(Owner(g, "after", order))

@@ -1,0 +1,174 @@
+"""Reading requests off a client connection with llhttp (httptools): one `ParsedRequest` per request, and
+what is refused before anything is decided.
+
+llhttp refuses the request-smuggling shapes by itself (Content-Length with Transfer-Encoding, two
+Content-Lengths, a Transfer-Encoding that does not end in chunked, obs-fold, bad or overflowing chunk
+sizes, bytes a header may not hold): 400 `bad_request`. Added here, aiohttp's limits: a target over 8190
+bytes (414), a header line over 8190 bytes, more than 128 headers, or a head over 64 KiB (431); and an
+HTTP/1.1 request without Host (400, RFC 9112 §3.2). Every refusal ends the connection: what follows on
+the wire cannot be trusted to start where the refused request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+import httptools
+
+from .errors import BadRequest, HeadersTooLarge, LifeguardError, TargetTooLong
+
+log = logging.getLogger("lifeguard.front")
+
+MAX_TARGET = 8190
+MAX_HEADER_LINE = 8190
+MAX_HEADERS = 128
+MAX_HEAD = 64 * 1024
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop llhttp; the error to answer is on the connection."""
+
+
+class ParsedRequest:
+    """One request as llhttp read it; `body` holds the pieces not yet relayed."""
+
+    __slots__ = (
+        "method",
+        "url",
+        "version",
+        "headers",
+        "keep_alive",
+        "chunked",
+        "content_length",
+        "connection_tokens",
+        "expect_continue",
+        "head_done",
+        "started",
+        "head_size",
+        "host",
+        "body",
+        "body_size",
+        "complete",
+        "error",
+        "fast_target",
+    )
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.version = "1.1"
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = True
+        self.chunked = False
+        self.content_length: int | None = None
+        self.connection_tokens: frozenset[bytes] = frozenset()
+        self.expect_continue = False
+        self.head_done = False
+        self.started = 0.0  # time.monotonic() when the head was complete, as the aiohttp handler began
+        self.head_size = 0
+        self.host = False
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.complete = False
+        self.error: LifeguardError | None = None
+        # The origin-form target forwarded to vLLM when this is an inference request; None otherwise.
+        self.fast_target: bytes | None = None
+
+
+class RequestReader:
+    """Feeds llhttp; hands each request on once its head is complete (`on_head`), then fills in its body."""
+
+    def __init__(self, on_head: Callable[[ParsedRequest], None]) -> None:
+        self._on_head = on_head
+        self._parser = httptools.HttpRequestParser(self)
+        self._parsing: ParsedRequest | None = None
+        self._head_bytes = 0
+        self._refusal: LifeguardError | None = None
+        self.upgraded = False
+
+    def feed(self, data: bytes) -> LifeguardError | None:
+        """Parse `data`; the error to answer when the stream of requests cannot be read on."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol switch through the proxy (Upgrade is hop-by-hop): the request is answered as a plain
+            # one, and the connection ends with that answer.
+            self.upgraded = True
+        except _Refused:
+            return self._refusal or BadRequest("the request was refused")
+        except httptools.HttpParserCallbackError as exc:
+            if self._refusal is None:
+                log.error("unexpected error reading a request", exc_info=exc.__cause__ or exc)
+            return self._refusal or LifeguardError("the proxy hit an unexpected error; see its log")
+        except httptools.HttpParserError as exc:
+            return BadRequest(f"malformed HTTP/1.1 request: {exc}")
+        if self._parsing is not None and not self._parsing.head_done:
+            # llhttp keeps a header value that has not ended yet: bounded here, by what was fed meanwhile.
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                return HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes")
+        return None
+
+    # ----- llhttp's callbacks
+    def on_message_begin(self) -> None:
+        self._parsing = ParsedRequest()
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        request = self._current()
+        request.url += url
+        if len(request.url) > MAX_TARGET:
+            self._stop(TargetTooLong(f"the request target exceeds {MAX_TARGET} bytes"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._current()
+        if len(name) + len(value) + 2 > MAX_HEADER_LINE or len(request.headers) >= MAX_HEADERS:
+            self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
+                                       f"{MAX_HEADERS} headers"))  # fmt: skip
+        request.headers.append((name, value))
+        request.head_size += len(name) + len(value) + 4
+        if request.head_size + len(request.url) > MAX_HEAD:
+            self._stop(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
+        lowered = name.lower()
+        if lowered == b"host":
+            request.host = True
+        elif lowered == b"content-length":
+            request.content_length = int(value)  # llhttp admits digits only, and one Content-Length
+        elif lowered == b"transfer-encoding":
+            request.chunked = True  # llhttp admits a Transfer-Encoding only when it ends in chunked
+        elif lowered == b"connection":
+            request.connection_tokens |= {token.strip().lower() for token in value.split(b",")}
+        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
+            request.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        request = self._current()
+        request.method = self._parser.get_method()
+        request.version = self._parser.get_http_version()
+        request.keep_alive = self._parser.should_keep_alive()
+        request.head_done = True
+        request.started = time.monotonic()
+        if not request.host and request.version == "1.1":
+            self._stop(BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112 §3.2)"))
+        self._on_head(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._current()
+        request.body_size += len(body)
+        if request.error is None:
+            request.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._current().complete = True
+        self._parsing = None
+
+    def _current(self) -> ParsedRequest:
+        assert self._parsing is not None
+        return self._parsing
+
+    def _stop(self, error: LifeguardError) -> NoReturn:
+        self._refusal = error
+        raise _Refused
