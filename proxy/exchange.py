@@ -1,14 +1,14 @@
 """One request through the raw front (proxy/front.py): sent on a pooled upstream connection, its response
 relayed back to the client as llhttp reads it.
 
-Two kinds share the relay:
+Three kinds share the relay:
 * `FastExchange`: an inference request the gate admitted at once, sent to vLLM with the framing rules of
   proxy/forward.py (hop-by-hop headers and `Connection` tokens dropped, the admin token header dropped, no
   `X-Forwarded-For`, the body with its length). Registered in `InFlightRequests` so a level-2 sleep ends it.
 * `HeldExchange`: an inference request the gate holds, parked in its queue as parsed bytes; admitted, a
   `FastExchange`.
 * `SeamExchange`: anything else, relayed unchanged to the aiohttp application (proxy/seam.py), which
-  holds, guards or forwards it as it always did; its body streams as it arrives.
+  guards or forwards it as it always did; its body streams as it arrives.
 
 Back-pressure: while the client's transport is over its high-water mark the upstream connection stops
 being read; a request body stops being read from the client while the upstream's send buffer is full. A
@@ -76,7 +76,7 @@ def _chunk(data: bytes) -> bytes:
 
 
 class Exchange:
-    """The relay both kinds share: waiting for a connection, the response head and body to the client."""
+    """What every kind shares: waiting for a connection, the response head and body to the client."""
 
     def __init__(self, client: ClientSide, request: ParsedRequest) -> None:
         self.client = client

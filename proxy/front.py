@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import time
 from collections.abc import Callable
 
@@ -33,8 +32,6 @@ from .handlers import render_error_bytes
 from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind, RouteTable
 from .target import canonical_target
-
-log = logging.getLogger("lifeguard.front")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_S = 2.0

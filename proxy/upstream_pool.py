@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import httptools
 
 from .tasks import Tasks
-
-log = logging.getLogger("lifeguard.upstream_pool")
 
 Connection = tuple[asyncio.BaseTransport, "UpstreamConnection"]
 #: Opens one connection with the protocol the factory makes (loop.create_connection or create_unix_connection).
