@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +176,8 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
         window = states_during(timeline, call.t_send, call.t_end)
         if not any(claim_holds(call, s) for s in window):
             shown = [{k: s[k] for k in ("executor_tags", "paused", "weight_update_active", "dead")} for s in window]
-            call.detail = f"engine was {shown}"
+            at = time.strftime("%H:%M:%S", time.gmtime(call.t_send)) + f".{int(call.t_send % 1 * 1000):03d}Z"
+            call.detail = f"sent {at}, {call.t_end - call.t_send:.3f} s: engine was {shown}"
             known = ""
             if (call.noop or call.deferred) and died_within(timeline, call.t_send - STALE_S, call.t_end):
                 known = "stale_noop"
