@@ -8,8 +8,10 @@ Regenerate after editing (the generated files are checked in; nothing else needs
 The version is pinned with its epoch on purpose: a plain `pip install grafana-foundation-sdk`
 resolves to an SDK for Grafana 10.1 (the epoch sorts first), and `==11.6.0` alone is unsatisfiable.
 
-Every query uses the selector `{namespace=~"$namespace", pod=~"$pod"}`. The labels come from the
-scrape (Kubernetes service discovery or the static labels of tests/observability), not the proxy.
+Every query uses the selector `{namespace=~"$namespace", pod=~"$pod", engine=~"$engine"}`. `namespace` and
+`pod` come from the scrape (Kubernetes service discovery or the static labels of tests/observability), not
+the proxy. `engine` is the proxy's own label with several engines (`engines:`); a single-engine proxy has
+none, and the variable's All value `.*` matches the absent label too, so its panels keep their data.
 tests/observability evaluates every `expr` below against a real Prometheus.
 """
 
@@ -30,7 +32,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 HERE = Path(__file__).resolve().parent
 UID = "vllm-lifeguard"
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-SEL = 'namespace=~"$namespace", pod=~"$pod"'
+SEL = 'namespace=~"$namespace", pod=~"$pod", engine=~"$engine"'
 RATE = "$__rate_interval"
 
 # Codes for the state timelines: one number per state so one row per pod can be coloured by state.
@@ -50,9 +52,9 @@ VLLM_SLEEP_STATES = [("awake", "green"), ("weights_offloaded", "purple"), ("disc
 
 
 def coded(metric: str, label: str, states: list[tuple[str, str]]) -> str:
-    """`1*[state 1 active] + 2*[state 2 active] + ...` per pod: the active state's code."""
+    """`1*[state 1 active] + 2*[state 2 active] + ...` per pod and engine: the active state's code."""
     terms = [
-        f'{code} * max by (namespace, pod) ({metric}{{{SEL}, {label}="{name}"}})'
+        f'{code} * max by (namespace, pod, engine) ({metric}{{{SEL}, {label}="{name}"}})'
         for code, (name, _) in enumerate(states, start=1)
     ]
     return "\n+ ".join(terms)
@@ -146,6 +148,18 @@ def build() -> dict[str, object]:
             .multi(True)
             .include_all(True)
         )
+        .with_variable(
+            db.QueryVariable("engine")
+            .label("Engine")
+            .datasource(DS)
+            .query('label_values(lifeguard_state{namespace=~"$namespace", pod=~"$pod"}, engine)')
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            # Not the list of values: a single-engine proxy's series have no engine label, which only `.*` matches.
+            .all_value(".*")
+        )
     )
 
     # --- Row 1: state at a glance
@@ -154,11 +168,11 @@ def build() -> dict[str, object]:
         statetimeline.Panel()
         .title("Lifeguard state per pod")
         .description(
-            "The proxy's authoritative state of each engine (lifeguard_state), one row per pod. "
+            "The proxy's authoritative state of each engine (lifeguard_state), one row per pod and engine. "
             "Green RUNNING serves; purple SLEEPING holds; red FAILED rejects."
         )
         .datasource(DS)
-        .with_target(q(coded("lifeguard_state", "lifeguard_state", LIFEGUARD_STATES), "{{pod}}"))
+        .with_target(q(coded("lifeguard_state", "lifeguard_state", LIFEGUARD_STATES), "{{pod}} {{engine}}"))
         .mappings(mappings(LIFEGUARD_STATES))
         .show_value(cm.VisibilityMode.NEVER)
         .merge_values(True)
@@ -171,7 +185,10 @@ def build() -> dict[str, object]:
         .description("Seconds since each pod entered its current lifeguard_state.")
         .datasource(DS)
         .with_target(
-            q(f"time() - max by (namespace, pod) (lifeguard_state_entered_timestamp_seconds{{{SEL}}})", "{{pod}}")
+            q(
+                f"time() - max by (namespace, pod, engine) (lifeguard_state_entered_timestamp_seconds{{{SEL}}})",
+                "{{pod}} {{engine}}",
+            )
         )
         .unit("s")
         .height(8)
@@ -200,7 +217,7 @@ def build() -> dict[str, object]:
             "until weights are loaded again)."
         )
         .datasource(DS)
-        .with_target(q(f"max by (namespace, pod) (lifeguard_weights_stale{{{SEL}}})", "{{pod}}"))
+        .with_target(q(f"max by (namespace, pod, engine) (lifeguard_weights_stale{{{SEL}}})", "{{pod}} {{engine}}"))
         .mappings(
             [
                 dm.ValueMap(
@@ -298,6 +315,31 @@ def build() -> dict[str, object]:
                 f"(increase(lifeguard_state_transitions_total{{{SEL}}}[{RATE}])) > 0",
                 "{{pod}} {{from_state}} → {{to_state}}",
             ),
+        )
+    )
+
+    # --- Row 2b: model swaps between engines on shared GPUs (engines:, docs/model-swap.md)
+    dash = dash.with_row(db.Row("Model swaps"))
+    dash = dash.with_panel(
+        series(
+            "Swaps by outcome",
+            "Wakes of a sleeping engine on shared GPUs through the arbiter, per second, by engine and how "
+            "they ended: ok, no_room (503 insufficient_gpu_memory: it could not fit), failed. Zero series "
+            "hidden. Only proxies with several engines have these series.",
+            "ops",
+            q(
+                f"sum by (namespace, pod, engine, outcome) (rate(lifeguard_swaps_total{{{SEL}}}[{RATE}])) > 0",
+                "{{pod}} {{engine}} {{outcome}}",
+            ),
+        )
+    )
+    dash = dash.with_panel(
+        series(
+            "Swap duration (p50 / p99)",
+            "From a swap's start (its GPUs taken) to the engine awake and verified, the other engines' "
+            "sleeps included, by engine swapped in.",
+            "s",
+            *quantiles("lifeguard_swap_duration_seconds", "engine, ", "{{pod}} {{engine}}"),
         )
     )
 

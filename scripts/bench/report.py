@@ -166,12 +166,21 @@ def lifecycle_rows(lc: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def swap_rows(sw: dict[str, Any]) -> list[list[str]]:
+    engine = 2 * sw["op_ms"]
+    figure = f"model swap: request for a sleeping model → first byte (engine sleep + wake {engine:g} ms)"
+    judged = judge("swap_added_ms", sw["swap_added_ms"])
+    return [[figure, fmt(engine, "ms"), "", fmt(sw["swap_ms"], "ms"), delta(sw["swap_added_ms"]), "", *judged]]
+
+
 def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
     rows = fixed_rows(res.get("fixed", {}), args.conns) + sse_rows(res.get("sse", {}), args.streams, args.sse_rate)
     if res.get("hold"):
         rows += hold_rows(res["hold"], args.held)
     if res.get("lifecycle"):
         rows += lifecycle_rows(res["lifecycle"])
+    if res.get("swap"):
+        rows += swap_rows(res["swap"])
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
 

@@ -89,16 +89,28 @@ class Rig:
         self.nginx_worker = workers[0]
 
     async def start_lifeguard(self, upstream_port: int) -> Proc:
+        return await self._start_lifeguard(["--upstream", f"http://127.0.0.1:{upstream_port}"])
+
+    async def start_lifeguard_engines(self, config: Path) -> Proc:
+        """The proxy of several engines (`engines:` in `config`); ready once it has seen every engine."""
+        return await self._start_lifeguard(["--config", str(config)])
+
+    async def _start_lifeguard(self, target: list[str]) -> Proc:
         await self.stop_lifeguard()
         self.lg_port = free_port()
-        argv = [sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream_port}"]
+        argv = [sys.executable, "-m", "proxy", "serve", *target]
         argv += ["--port", str(self.lg_port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning"]
         argv += ["--data-plane", self.data_plane]
         self.lg = self.start("lifeguard", argv, cwd=self.proxy_src)
 
         async def running() -> bool:
             status, body = await http(self.lg_port, "GET", "/lifeguard/state", timeout=2)
-            return status == 200 and json.loads(body)["state"] == "RUNNING"
+            if status != 200:
+                return False
+            state = json.loads(body)
+            if "engines" in state:
+                return all(e["state"] in ("RUNNING", "SLEEPING") for e in state["engines"].values())
+            return bool(state["state"] == "RUNNING")
 
         try:
             await wait_until(running, "vllm-lifeguard to reach RUNNING")

@@ -9,7 +9,7 @@ Everything runs on loopback, started and stopped here, under one temp directory:
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
 One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the three paths and what
-runs behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py` (the four loads), `targets.py` (the
+runs behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py` (the five loads), `targets.py` (the
 speed targets, one table), `report.py` (the printed table); this file only runs them.
 
 Figures are medians over `--reps` interleaved repetitions. CPU time per request is read from
@@ -38,6 +38,7 @@ from procs import log
 from report import build_table, machine
 from rig import Rig
 from sse import bench_sse
+from swap import bench_swap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,13 +62,16 @@ async def run(args: argparse.Namespace) -> int:
     with workdir(args.keep) as wd:
         rig = Rig(wd, Path(args.proxy_src).resolve(), data_plane=args.data_plane)
         try:
-            await rig.start_fixed()
+            if args.only - {"swap"}:  # the swap starts fake vLLMs of its own
+                await rig.start_fixed()
             if "fixed" in args.only:
                 res["fixed"] = await bench_fixed(rig, tuple(args.conns), args.seconds, args.reps)
             if "sse" in args.only:
                 res["sse"] = await bench_sse(rig, tuple(args.streams), args.sse_rate, args.sse_seconds, args.reps)
             if "lifecycle" in args.only:
                 res["lifecycle"] = await bench_lifecycle(rig, args.cycles, args.op_ms)
+            if "swap" in args.only:
+                res["swap"] = await bench_swap(rig, args.cycles, args.op_ms)
             if "hold" in args.only:
                 res["hold"] = await bench_hold(rig, args.held, args.seconds, args.hold_reps)
         except Exception:
@@ -95,7 +99,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one short repetition of everything, 2,000 held (< 2 min)")
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
-    parser.add_argument("--only", default="fixed,sse,lifecycle,hold", help="comma list: fixed,sse,lifecycle,hold")
+    parser.add_argument(
+        "--only", default="fixed,sse,lifecycle,swap,hold", help="comma list: fixed,sse,lifecycle,swap,hold"
+    )
     parser.add_argument("--data-plane", default="raw", choices=("raw", "aiohttp"), help="the proxy's front")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
@@ -118,7 +124,7 @@ def main() -> int:
     args.only = set(args.only.split(","))
     args.conns = [int(c) for c in str(args.conns).split(",")]
     args.streams = [int(s) for s in str(args.streams).split(",")]
-    for tool in ("nginx", "wrk"):
+    for tool in ("nginx", "wrk") if args.only - {"swap"} else ():
         if shutil.which(tool) is None:
             print(f"bench: {tool} not found (scripts/bench.sh installs it)", file=sys.stderr)
             return 2

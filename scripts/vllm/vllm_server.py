@@ -86,7 +86,9 @@ class VllmServer:
         port: int | None = None,
         log_path: str | Path | None = None,
         extra_args: tuple[str, ...] = (),
+        served_model_name: str = SERVED_MODEL_NAME,
     ) -> None:
+        self.served_model_name = served_model_name
         self.python = python or os.environ["LIFEGUARD_VLLM_PYTHON"]
         self.model = model or os.environ["LIFEGUARD_VLLM_MODEL"]
         self.cli = cli or os.environ.get("LIFEGUARD_VLLM_CLI") or str(HERE / "vllm_cli.py")
@@ -98,6 +100,7 @@ class VllmServer:
         self.log_path = Path(log_path)
         self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
+        self._spawned_at = 0.0
         self.starts: list[float] = []  # seconds from spawn to /health 200, per start
 
     @property
@@ -115,7 +118,7 @@ class VllmServer:
             "serve",
             self.model,
             "--served-model-name",
-            SERVED_MODEL_NAME,
+            self.served_model_name,
             "--host",
             "127.0.0.1",
             "--port",
@@ -140,10 +143,15 @@ class VllmServer:
 
     def start(self, timeout: float = 240.0) -> None:
         """Spawn vLLM and return once GET /health answers 200; raise VllmDied with the log tail."""
+        self.spawn()
+        self.wait_healthy(timeout)
+
+    def spawn(self) -> None:
+        """Spawn vLLM without waiting for it: two servers can start side by side (``wait_healthy`` each)."""
         if self.alive():
             raise RuntimeError(f"vLLM already running (pid {self.pid})")
         env = {**os.environ, **VLLM_ENV}
-        t0 = time.monotonic()
+        self._spawned_at = time.monotonic()
         with open(self.log_path, "ab") as log:
             stamp = time.strftime("%H:%M:%S")
             log.write(f"\n==== start {stamp} {' '.join(self.command())}\n".encode())
@@ -156,6 +164,11 @@ class VllmServer:
                 env=env,
                 start_new_session=True,  # own process group: stop()/kill() signal the whole tree
             )
+
+    def wait_healthy(self, timeout: float = 240.0) -> None:
+        """Return once the spawned vLLM answers GET /health 200, at most ``timeout`` s after its spawn."""
+        assert self.proc is not None, "spawn() first"
+        t0 = self._spawned_at
         deadline = t0 + timeout
         while True:
             if self.proc.poll() is not None:

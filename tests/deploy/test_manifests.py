@@ -68,8 +68,31 @@ def _lifeguard_env(resources: list[dict[str, Any]]) -> dict[str, str]:
     return find(resources, "ConfigMap", "vllm-lifeguard-config")["data"]
 
 
-def test_there_are_a_single_gpu_and_a_tensor_parallel_overlay() -> None:
-    assert {overlay.name for overlay in OVERLAYS} == {"single-gpu", "tensor-parallel"}
+def _dra(resources: list[dict[str, Any]]) -> bool:
+    """Dynamic Resource Allocation objects, which Kubernetes has from 1.32 on."""
+    return any(doc["apiVersion"].startswith("resource.k8s.io/") for doc in resources)
+
+
+def _gpus(pod: dict[str, Any], container: dict[str, Any], resources: list[dict[str, Any]]) -> int:
+    """Devices a container gets: the device plugin's `nvidia.com/gpu`, or the devices of the DRA claims it names."""
+    limits = container["resources"].get("limits", {})
+    if "nvidia.com/gpu" in limits:
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == limits["nvidia.com/gpu"]
+        return int(limits["nvidia.com/gpu"])
+    claims = {c["name"]: c for c in pod.get("resourceClaims", [])}
+    count = 0
+    for claim in container["resources"].get("claims", []):
+        template = find(resources, "ResourceClaimTemplate", claims[claim["name"]]["resourceClaimTemplateName"])
+        count += sum(int(r.get("count", 1)) for r in template["spec"]["spec"]["devices"]["requests"])
+    return count
+
+
+def _vllm_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in pod["containers"] if c["name"].startswith("vllm")]
+
+
+def test_there_are_a_single_gpu_a_tensor_parallel_and_a_shared_gpu_overlay() -> None:
+    assert {overlay.name for overlay in OVERLAYS} == {"single-gpu", "tensor-parallel", "shared-gpu"}
     assert {component.name for component in COMPONENTS} == {"podmonitor", "servicemonitor", "grafana-dashboard"}
 
 
@@ -102,6 +125,8 @@ def test_each_rendered_overlay_validates_against_the_kubernetes_schemas(
     """Every overlay alone, with each component, and with all of them."""
     kubernetes_validate = _kubernetes_validate()
     rendered = _render(overlay, *components)
+    if _dra(rendered) and tuple(map(int, version.split("."))) < (1, 32):
+        pytest.skip(f"{overlay.name} claims its GPU through Dynamic Resource Allocation: Kubernetes >= 1.32")
     kinds = sorted(doc["kind"] for doc in rendered)
     assert kinds.count("Deployment") == 1 and "Service" in kinds and "ConfigMap" in kinds
     for component in components:  # each component added what it is for
@@ -157,19 +182,54 @@ def test_every_variable_in_vllm_args_is_defined(rendered: list[dict[str, Any]]) 
 
 
 def test_tensor_parallel_size_equals_the_gpus_requested(rendered: list[dict[str, Any]]) -> None:
-    vllm = _container(_pod(rendered), "vllm")
-    gpus = vllm["resources"]["limits"]["nvidia.com/gpu"]
-    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == gpus
-    assert _env(vllm)["TENSOR_PARALLEL_SIZE"]["value"] == str(gpus)
+    pod = _pod(rendered)
+    for vllm in _vllm_containers(pod):
+        assert _env(vllm)["TENSOR_PARALLEL_SIZE"]["value"] == str(_gpus(pod, vllm, rendered)), vllm["name"]
 
 
 def test_the_overlays_differ_in_gpu_count() -> None:
-    counts = {
-        overlay.name: _container(_pod(_render(overlay)), "vllm")["resources"]["limits"]["nvidia.com/gpu"]
-        for overlay in OVERLAYS
-    }
-    assert counts["single-gpu"] == "1"
-    assert int(counts["tensor-parallel"]) > 1
+    counts = {}
+    for overlay in OVERLAYS:
+        rendered = _render(overlay)
+        pod = _pod(rendered)
+        counts[overlay.name] = [_gpus(pod, vllm, rendered) for vllm in _vllm_containers(pod)]
+    assert counts["single-gpu"] == [1]
+    assert counts["tensor-parallel"][0] > 1
+    assert counts["shared-gpu"] == [1, 1]
+
+
+def test_the_shared_gpu_overlay_puts_two_vllms_on_one_claimed_gpu_behind_one_lifeguard() -> None:
+    """Two vLLM containers name one DRA claim (the device plugin gives a device to one container only), each
+    on its own loopback port, and the lifeguard's engines are exactly those two, on the same GPU index."""
+    rendered = _render(K8S / "overlays" / "shared-gpu")
+    pod = _pod(rendered)
+    vllms = _vllm_containers(pod)
+    assert [c["name"] for c in vllms] == ["vllm", "vllm-judge"]
+    assert [[claim["name"] for claim in c["resources"]["claims"]] for c in vllms] == [["gpu"], ["gpu"]]
+    assert [c["name"] for c in pod["resourceClaims"]] == ["gpu"]
+    for container in pod_containers(find(rendered, "Deployment", "vllm")):
+        assert not any("nvidia.com/gpu" in part for part in container.get("resources", {}).values())
+    ports = []
+    for vllm in vllms:
+        args = vllm["args"]
+        assert args[args.index("--host") + 1] == "127.0.0.1" and "--enable-sleep-mode" in args
+        assert _env(vllm)["VLLM_SERVER_DEV_MODE"]["value"] == "1"
+        ports.append(int(args[args.index("--port") + 1]))
+        for probe in ("startupProbe", "livenessProbe"):
+            assert f"http://127.0.0.1:{ports[-1]}/health" in " ".join(vllm[probe]["exec"]["command"])
+    engines = _engines_config(rendered)["engines"]
+    assert [e["upstream"] for e in engines] == [f"http://127.0.0.1:{port}" for port in ports]
+    assert {tuple(e["gpus"]) for e in engines} == {(0,)}
+
+
+def _engines_config(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The YAML file named by LIFEGUARD_CONFIG, read from the ConfigMap the sidecar mounts there."""
+    path = Path(_lifeguard_env(rendered)["LIFEGUARD_CONFIG"])
+    pod = _pod(rendered)
+    (mount,) = [m for m in _container(pod, "lifeguard")["volumeMounts"] if path.parent == Path(m["mountPath"])]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config: dict[str, Any] = yaml.safe_load(find(rendered, "ConfigMap", volume["configMap"]["name"])["data"][path.name])
+    return config
 
 
 def test_the_service_targets_the_proxy_port_only(rendered: list[dict[str, Any]]) -> None:
@@ -231,17 +291,22 @@ def test_the_proxy_settings_in_the_config_map_are_valid_settings(
 ) -> None:
     env = _lifeguard_env(rendered)
     fields = {f"LIFEGUARD_{name.upper()}" for name in Settings.model_fields}
-    assert set(env) <= fields, f"unknown settings: {set(env) - fields}"
+    assert set(env) <= fields | {"LIFEGUARD_CONFIG"}, f"unknown settings: {set(env) - fields}"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    settings = Settings()
+    from_file = _engines_config(rendered) if "LIFEGUARD_CONFIG" in env else {}
+    settings = Settings(**from_file)
     pod = _pod(rendered)
-    lifeguard, vllm = _container(pod, "lifeguard"), _container(pod, "vllm")
+    lifeguard = _container(pod, "lifeguard")
     assert settings.port == _port(lifeguard, "lifeguard")
     assert settings.host == "0.0.0.0"
-    vllm_port = vllm["args"][vllm["args"].index("--port") + 1]
-    assert settings.upstream == f"http://127.0.0.1:{vllm_port}"
-    assert int(vllm_port) == _port(vllm, "vllm")
+    upstreams = [settings.upstream] if settings.upstream else [engine.upstream for engine in settings.engines]
+    expected = []
+    for vllm in _vllm_containers(pod):
+        vllm_port = vllm["args"][vllm["args"].index("--port") + 1]
+        assert int(vllm_port) == _port(vllm, vllm["name"])
+        expected.append(f"http://127.0.0.1:{vllm_port}")
+    assert upstreams == expected
 
 
 def test_the_gpu_file_is_written_by_vllm_and_read_by_the_sidecar(rendered: list[dict[str, Any]]) -> None:
@@ -315,7 +380,8 @@ def test_the_monitors_scrape_proxy_and_vllm_metrics_through_the_proxy_port(overl
 def test_overlays_use_plain_strategic_merge_patches_on_the_base() -> None:
     for overlay in OVERLAYS:
         data = read_kustomization(overlay)
-        assert data["resources"] == ["../../base"]
+        assert data["resources"][0] == "../../base"
+        assert all((overlay / extra).is_file() for extra in data["resources"][1:]), "only files of its own"
         for patch in data["patches"]:
             assert set(patch) == {"path"}, "plain strategic-merge patch files only"
             body = yaml.safe_load((overlay / patch["path"]).read_text())

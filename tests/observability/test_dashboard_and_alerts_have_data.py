@@ -6,6 +6,11 @@ Run by `make test-observability` (scripts/check-observability.sh), which install
 `pod`, as a Kubernetes scrape would: `lifeguard` (the proxy's /lifeguard/metrics) and `vllm` (vLLM's
 /metrics, read through the proxy's unchanged passthrough). The lifeguard rules are loaded too.
 
+A second proxy, of two engines (`engines:`, two simulators sharing one simulated GPU that holds one of them
+awake), is scraped by the `lifeguard` job as pod `swap-0`: requests for each model in turn swap them, so
+the swap panels have data, and the single-engine pod's series (no `engine` label) show the `$engine`
+variable's All value keeps them.
+
 The scenario: inference; an invalid sleep; sleep; a refused resume; requests held; a wake that fails (sim fault
 `wake_up:error500`) while they stay held; they reach their hold deadline; a client that gives up;
 a good wake that releases a held request; a wake that lies (`wake_up:lie-asleep`); drift (a pause
@@ -13,7 +18,8 @@ sent to vLLM directly); the engine killed (FAILED) and started again.
 
 Then every target of every dashboard panel is run as Grafana would run it for a dashboard showing
 the scenario's time span: `/api/v1/query_range` from the scenario's start to now, step 1 s, with
-  * `$namespace`, `$pod`    -> this test's single namespace and pod (a one-value selection),
+  * `$namespace`, `$pod`    -> this test's namespace and its two pods (a two-value selection),
+  * `$engine`               -> `.*`, the variable's All value,
   * `$__rate_interval`      -> 4s: Grafana's max($__interval + scrape interval, 4 x scrape interval)
                                with a 1 s step and a 1 s scrape interval.
 A target "has data" when at least one returned sample is a number (NaN, e.g. a quantile of an
@@ -51,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "lifeguard-dashboard.json"
 RULES = ROOT / "deploy" / "prometheus" / "lifeguard-rules.yaml"
 CLI = Path(sys.executable).parent / "vllm-lifeguard"
-NAMESPACE, POD = "obs-test", "gen-0"
+NAMESPACE, POD, SWAP_POD = "obs-test", "gen-0", "swap-0"
 HOLD_TIMEOUT_S = 6.0  # long enough for the steps between holding and the deadline on a slow box
 # Alerts the scenario provokes; each must appear in ALERTS (pending or firing).
 PROVOKED = ("LifeguardLieCaught", "LifeguardHoldTimeouts", "LifeguardDrift", "LifeguardEngineFailed")
@@ -150,7 +156,7 @@ def panel_targets() -> list[tuple[str, str]]:
 
 def substitute(expr: str) -> str:
     expr = expr.replace("$__rate_interval", "4s")
-    expr = expr.replace("$namespace", NAMESPACE).replace("$pod", POD)
+    expr = expr.replace("$namespace", NAMESPACE).replace("$pod", f"{POD}|{SWAP_POD}").replace("$engine", ".*")
     assert "$" not in expr, f"unsubstituted variable in {expr}"
     return expr
 
@@ -249,6 +255,7 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
             "LIFEGUARD_VERIFY_TIMEOUT_S": "2",  # the lying wake is caught when this runs out
         },
     )
+    swap_proxy = await _start_two_engines(procs, tmp_path)
     target = f"127.0.0.1:{proxy_port}"
     labels = {"namespace": NAMESPACE, "pod": POD}
     config = {
@@ -258,7 +265,10 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
             {
                 "job_name": "lifeguard",
                 "metrics_path": "/lifeguard/metrics",
-                "static_configs": [{"targets": [target], "labels": labels}],
+                "static_configs": [
+                    {"targets": [target], "labels": labels},
+                    {"targets": [swap_proxy.removeprefix("http://")], "labels": {**labels, "pod": SWAP_POD}},
+                ],
             },
             {
                 "job_name": "vllm",
@@ -295,6 +305,11 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
             procs,
         )
         start = time.time() - 5
+
+        # two engines on one GPU: each model in turn swaps it in
+        for model_name in ("model-b", "model-a"):
+            status, text = await api.post("/v1/completions", base=swap_proxy, json=completion(model_name))
+            assert status == 200, text
 
         # inference, streamed and not
         async with session.get(f"{api.proxy}/v1/models") as resp:
@@ -405,6 +420,54 @@ async def test_every_panel_and_alert_query_has_data(procs: Processes, tmp_path: 
         assert not empty, "queries with no data:\n" + "\n".join(empty)
         assert set(PROVOKED) <= fired, f"provoked alerts missing: {sorted(set(PROVOKED) - fired)}"
         assert fired <= set(alert_names())
+
+
+async def _start_two_engines(procs: Processes, tmp_path: Path) -> str:
+    """Two simulators sharing one GPU file (50 GiB each awake on an 80 GiB device: one fits at a time), `b`
+    put to sleep, and a proxy of both with `engines:`; its URL once both engines are seen."""
+    gpu_file = tmp_path / "swap-gpu.json"
+    urls = {}
+    for name in ("a", "b"):
+        port = free_port()
+        urls[name] = f"http://127.0.0.1:{port}"
+        procs.start(
+            f"sim-{name}",
+            [
+                str(CLI), "sim", "--port", str(port), "--model", f"model-{name}", "--gpu-file", str(gpu_file),
+                "--gpu-file-engine", name, "--weights-gib", "16", "--kv-gib", "32", "--overhead-gib", "2",
+                "--total-gib", "80", "--sleep-seconds", "0.2", "--wake-seconds", "0.3", "--token-seconds", "0.005",
+            ],
+        )  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def answers(url: str) -> bool:
+            try:
+                async with session.get(url) as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        for url in urls.values():
+            await wait_for(f"simulator {url} up", lambda url=url: answers(f"{url}/health"), procs)
+        async with session.post(f"{urls['b']}/sleep", params={"level": "1"}) as resp:
+            assert resp.status == 200, await resp.text()
+        config = tmp_path / "engines.yaml"
+        engines = [{"name": name, "upstream": url, "gpus": [0]} for name, url in urls.items()]
+        config.write_text(yaml.safe_dump({"engines": engines, "gpu_probe": f"file:{gpu_file}"}))
+        port = free_port()
+        procs.start("swap-proxy", [str(CLI), "serve", "--config", str(config), "--port", str(port)])
+        proxy = f"http://127.0.0.1:{port}"
+
+        async def both_seen() -> bool:
+            if not await answers(f"{proxy}/lifeguard/state"):
+                return False
+            async with session.get(f"{proxy}/lifeguard/state") as resp:
+                states = {e["state"] for e in (await resp.json())["engines"].values()}
+            return states == {"RUNNING", "SLEEPING"}
+
+        await wait_for("the two-engine proxy sees both engines", both_seen, procs, timeout=30)
+    return proxy
 
 
 async def _all_up(api: Api) -> bool:

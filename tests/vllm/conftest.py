@@ -94,6 +94,13 @@ def reset_vllm(server: Any) -> None:
 # ---------------------------------------------------------------- the proxy
 
 
+def _started(state: dict[str, Any]) -> bool:
+    """One engine: RUNNING. Several (``engines:``): each has been seen, awake or asleep."""
+    if "engines" in state:
+        return all(engine["state"] in ("RUNNING", "SLEEPING") for engine in state["engines"].values())
+    return state.get("state") == "RUNNING"
+
+
 def lifeguard_bin() -> str:
     exe = Path(sys.executable).parent / "vllm-lifeguard"
     return str(exe) if exe.exists() else "vllm-lifeguard"
@@ -101,13 +108,15 @@ def lifeguard_bin() -> str:
 
 @dataclass
 class Proxy:
-    """``vllm-lifeguard serve --upstream <vLLM>`` as a subprocess in its own process group."""
+    """``vllm-lifeguard serve --upstream <vLLM>`` (or ``--config FILE`` with ``engines:``) as a subprocess in
+    its own process group."""
 
     port: int
     upstream: str
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    config: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: list[float] = field(default_factory=list)
 
@@ -123,11 +132,11 @@ class Proxy:
 
     def start(self, timeout: float = 30.0) -> None:
         """Spawn the proxy; return once ``GET /lifeguard/state`` says RUNNING (bounded wait)."""
+        target = ["--config", str(self.config)] if self.config else ["--upstream", self.upstream]
         cmd = [
             lifeguard_bin(),
             "serve",
-            "--upstream",
-            self.upstream,
+            *target,
             "--host",
             "127.0.0.1",
             "--port",
@@ -156,7 +165,7 @@ class Proxy:
             try:
                 status, raw = http("GET", self.url + "/lifeguard/state", timeout=2)
                 last = (status, raw[:300])
-                if status == 200 and json.loads(raw).get("state") == "RUNNING":
+                if status == 200 and _started(json.loads(raw)):
                     break
             except (OSError, ValueError) as e:
                 last = repr(e)

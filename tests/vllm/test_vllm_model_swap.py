@@ -1,0 +1,155 @@
+"""Two real vLLM servers behind one lifeguard with ``engines:`` (docs/model-swap.md): requests alternate
+between their models, and each one for the sleeping model swaps it in.
+
+The session's vLLM (served name ``tiny``) is engine ``policy``; a second vLLM on the same tiny model, served
+as ``tiny-judge``, is engine ``judge``. Both are declared on GPU 0.
+
+Admission runs without a GPU reading (``--gpu-probe none``), on purpose. A CPU has no NVML, and sleep on
+CPU frees no memory (docs/real-vllm.md). A GPU file written by the test would therefore show the same use
+before and after every sleep, and the swap would be refused as "does not fit". Without a reading, the
+arbiter's rule for unknown memory applies (swap_rules.plan_room): every engine on that GPU that may sleep is
+put to sleep, each sleep verified, before the wake. That is the "only one fits" case, and it asks nothing of
+CPU memory. What is read here comes from each vLLM directly: ``/is_sleeping`` (exactly one awake after each
+swap), its sleep and wake counters, and its request counters (a sleeping engine got no request).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from conftest import Proxy, free_port, reset_vllm, vllm_server_mod
+from vllm_e2e import get_json, metric, metrics, parse_metrics, post, sleep_ops
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+JUDGE_MODEL = "tiny-judge"
+POLICY_MODEL = vllm_server_mod.SERVED_MODEL_NAME
+
+
+@pytest.fixture(scope="module")
+def engines(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """{"policy": the session's vLLM, "judge": a second vLLM}, both awake and idle. The judge is spawned
+    before the session's vLLM is asked for, so the two start side by side when neither runs yet."""
+    if not os.environ.get("LIFEGUARD_VLLM_PYTHON") or not os.environ.get("LIFEGUARD_VLLM_MODEL"):
+        pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
+    log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
+    judge = vllm_server_mod.VllmServer(log_path=log_dir / "vllm-judge.log", served_model_name=JUDGE_MODEL)
+    judge.spawn()
+    try:
+        policy = request.getfixturevalue("vllm_server")
+        judge.wait_healthy()
+        sys.stderr.write(f"\n[vllm] judge healthy on {judge.url} after {judge.starts[-1]:.1f} s\n")
+        reset_vllm(policy)
+        yield {"policy": policy, "judge": judge}
+        reset_vllm(policy)  # the session's vLLM goes back awake for the modules after this one
+    finally:
+        judge.stop()
+
+
+@pytest.fixture
+def swap_proxy(engines: dict[str, Any], tmp_path: Path) -> Iterator[Proxy]:
+    config = tmp_path / "lifeguard.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [{"name": name, "upstream": server.url, "gpus": [0]} for name, server in engines.items()],
+                "gpu_probe": "none",
+                # A real vLLM on two shared cores answers late: the deadlines are generous, never missing.
+                "hold_timeout_s": 180,
+                "lifecycle_queue_timeout_s": 180,
+                "verify_timeout_s": 60,
+                "canary_timeout_s": 60,
+            }
+        )
+    )
+    proxy = Proxy(port=free_port(), upstream="", log_path=tmp_path / "proxy.log", config=config)
+    proxy.start(timeout=60)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+async def _awake(session: aiohttp.ClientSession, engines: dict[str, Any]) -> dict[str, bool]:
+    """Which vLLMs say they are awake, asked directly."""
+    return {
+        name: not (await get_json(session, server.url + "/is_sleeping"))["is_sleeping"]
+        for name, server in engines.items()
+    }
+
+
+async def _books(session: aiohttp.ClientSession, server: Any) -> dict[str, float]:
+    """What one vLLM itself counts: sleeps, wakes, and the requests it has finished or holds."""
+    samples = await metrics(session, server.url)
+    return {
+        "sleeps": sleep_ops(samples, "sleep"),
+        "wakes": sleep_ops(samples, "wake"),
+        "finished": metric(samples, "vllm:request_success_total"),
+        "prompt_tokens": metric(samples, "vllm:prompt_tokens_total"),
+        "in_engine": metric(samples, "vllm:num_requests_running") + metric(samples, "vllm:num_requests_waiting"),
+    }
+
+
+async def test_requests_alternating_between_two_models_swap_them_one_verified_sleep_and_wake_each(
+    engines: dict[str, Any], swap_proxy: Proxy, session: aiohttp.ClientSession
+) -> None:
+    base = swap_proxy.url
+    listing = await get_json(session, base + "/v1/models")
+    assert {m["id"] for m in listing["data"]} == {POLICY_MODEL, JUDGE_MODEL}
+
+    # Both vLLMs start awake; the trainer's own call through the judge's base URL puts it to sleep.
+    status, body, _ = await post(session, base + "/engines/judge/sleep", params={"level": "1"})
+    assert status == 200, body
+    assert await _awake(session, engines) == {"policy": True, "judge": False}
+
+    serving = {"policy": POLICY_MODEL, "judge": JUDGE_MODEL}
+    swaps = {"policy": 0, "judge": 0}
+    for target in ("judge", "policy", "judge", "policy"):
+        other = "policy" if target == "judge" else "judge"
+        before = {name: await _books(session, server) for name, server in engines.items()}
+        status, body, headers = await post(
+            session,
+            base + "/v1/completions",
+            json={"model": serving[target], "prompt": "hello", "max_tokens": 4, "temperature": 0},
+            timeout=aiohttp.ClientTimeout(total=240),
+        )
+        assert status == 200, (status, body, swap_proxy.log_tail())
+        assert body["model"] == serving[target]
+        swaps[target] += 1
+
+        # Exactly one awake, the one asked for; vLLM's own counters show one sleep, then one wake.
+        assert await _awake(session, engines) == {target: True, other: False}
+        after = {name: await _books(session, server) for name, server in engines.items()}
+        assert after[other]["sleeps"] == before[other]["sleeps"] + 1
+        assert after[target]["wakes"] == before[target]["wakes"] + 1
+        assert (after[target]["sleeps"], after[other]["wakes"]) == (before[target]["sleeps"], before[other]["wakes"])
+        # The engine put to sleep got nothing after it was last asked (it was idle then): no request, no token.
+        for key in ("finished", "prompt_tokens"):
+            assert after[other][key] == before[other][key], (other, key, before[other], after[other])
+        assert after[other]["in_engine"] == 0
+        # The request (and the wake's canary) ran on the one awake.
+        assert after[target]["finished"] >= before[target]["finished"] + 1
+
+        # The proxy verified the sleep, then the wake.
+        state = await get_json(session, base + "/lifeguard/state")
+        assert {n: e["state"] for n, e in state["engines"].items()} == {target: "RUNNING", other: "SLEEPING"}
+        assert state["gpus"]["0"]["awake"] == [target]
+        slept, woke = state["engines"][other]["last_verification"], state["engines"][target]["last_verification"]
+        assert slept["passed"] and woke["passed"], (slept, woke)
+        assert slept["at"] <= woke["at"]
+        assert "canary" in {check["name"] for check in woke["checks"]}, woke
+
+    samples = parse_metrics(await (await session.get(base + "/lifeguard/metrics")).text())
+    for name, count in swaps.items():
+        assert metric(samples, "lifeguard_swaps_total", engine=name, outcome="ok") == count
+    # The judge's first sleep was the trainer's call, not a swap: no swap failed or was refused.
+    assert metric(samples, "lifeguard_swaps_total", outcome="failed") == 0
+    assert metric(samples, "lifeguard_swaps_total", outcome="no_room") == 0
