@@ -93,9 +93,20 @@ def plan_room(
 ) -> Plan:
     """What to do before waking an engine on `gpus` that takes `need_bytes` awake (over all its GPUs; None:
     not known yet). Unknown need or unknown free memory: every engine that may sleep does, first."""
+    neighbours = list(neighbours)
     order = eviction_order(gpus, neighbours, may_drain=may_drain)
     if need_bytes is None or free is None:
-        return Evict(order[0].name) if order else Fits()
+        if order:
+            return Evict(order[0].name)
+        # Nothing can say it fits beside an engine that stays awake: refused rather than woken into an OOM.
+        staying = sorted(n.name for n in neighbours if n.awake and set(gpus) & set(n.gpus))
+        if staying:
+            unknown = "its footprint" if need_bytes is None else "the GPUs' free memory"
+            return NoRoom(
+                f"{unknown} is not known, and {', '.join(staying)} on the same GPU cannot be put to sleep "
+                "(pinned, busy or serving)"
+            )
+        return Fits()
     per_gpu = need_bytes / len(gpus)
     short = {g: per_gpu - free.get(g, 0) for g in gpus if free.get(g, 0) < per_gpu}
     if not short:

@@ -114,3 +114,15 @@ def test_a_plan_never_picks_an_engine_it_must_not_and_never_calls_a_shortfall_a_
         assert all(free_bytes[g] >= need / len(gpus) for g in gpus)
     if isinstance(plan, Fits) and (need is None or free_bytes is None):
         assert eviction_order(gpus, neighbours, may_drain=may_drain) == []  # nobody left who could sleep
+
+
+def test_unknown_memory_beside_an_engine_that_stays_awake_is_refused_not_woken() -> None:
+    """Finding of the real-vLLM run (`--gpu-probe none`): with nothing to say it fits, a pinned or serving
+    neighbour that stays awake made the wake go ahead, two engines awake that may not fit."""
+    for staying in (_n("policy", pinned=True), _n("policy", inflight=2)):
+        plan = plan_room((0,), 10 * GIB, None, [staying], may_drain=False)
+        assert isinstance(plan, NoRoom) and "policy" in plan.why
+        plan = plan_room((0,), None, {0: 70 * GIB}, [staying], may_drain=False)
+        assert isinstance(plan, NoRoom) and "footprint" in plan.why
+    # Asleep, or on another GPU: nothing stays awake beside it.
+    assert plan_room((0,), None, None, [_n("a", awake=False), _n("b", gpus=(1,))], may_drain=False) == Fits()
