@@ -56,19 +56,10 @@ class RawFrontServer(TestServer):
             self._closed = True
 
 
-@dataclass
-class Stack:
-    client: TestClient
-    sim_server: TestServer
-    proxy_app: web.Application
-    settings: Settings
-    # Generations the proxy's own start-up canary made before the test began.
-    generate_baseline: int = 0
+class ProxyState:
+    """`/lifeguard/state` of the proxy under test, read now or polled until a predicate holds."""
 
-    @property
-    def sim(self) -> Engine:
-        engine: Engine = self.sim_server.app[SIM_ENGINE]
-        return engine
+    client: TestClient
 
     async def state(self) -> dict[str, Any]:
         resp = await self.client.get("/lifeguard/state")
@@ -85,6 +76,21 @@ class Stack:
             if time.monotonic() > deadline:
                 raise AssertionError(f"condition not reached within {timeout} s; last state: {snapshot}")
             await asyncio.sleep(0.01)
+
+
+@dataclass
+class Stack(ProxyState):
+    client: TestClient
+    sim_server: TestServer
+    proxy_app: web.Application
+    settings: Settings
+    # Generations the proxy's own start-up canary made before the test began.
+    generate_baseline: int = 0
+
+    @property
+    def sim(self) -> Engine:
+        engine: Engine = self.sim_server.app[SIM_ENGINE]
+        return engine
 
     async def wait_state(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
         return await self.wait_for(lambda s: s["state"] == name, timeout)
@@ -194,7 +200,7 @@ MEDIUM = {"weights_gib": 16, "kv_gib": 20, "overhead_gib": 2, "total_gib": 80}
 
 
 @dataclass
-class EnginesStack:
+class EnginesStack(ProxyState):
     client: TestClient
     sims: dict[str, TestServer]
     gpu_file: Path
@@ -212,22 +218,6 @@ class EnginesStack:
         import json
 
         return int(json.loads(self.gpu_file.read_text())["used_bytes"])
-
-    async def state(self) -> dict[str, Any]:
-        resp = await self.client.get("/lifeguard/state")
-        assert resp.status == 200
-        body: dict[str, Any] = await resp.json()
-        return body
-
-    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 5.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            snapshot = await self.state()
-            if predicate(snapshot):
-                return snapshot
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not reached within {timeout} s; last state: {snapshot}")
-            await asyncio.sleep(0.01)
 
     async def states(self) -> dict[str, str]:
         return {name: engine["state"] for name, engine in (await self.state())["engines"].items()}
