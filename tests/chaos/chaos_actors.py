@@ -35,6 +35,7 @@ ONE_MODEL = {"tiny": ""}
 # With several engines on one GPU (--engines N): each takes 50 GiB awake and 2 asleep of an 80 GiB device,
 # so only one fits awake (tests/e2e/conftest.py BIG).
 SHARED_SIZES = {"weights_gib": 16.0, "kv_gib": 32.0, "overhead_gib": 2.0, "total_gib": 80.0}
+SHARED_AWAKE_BYTES = GpuMemory(**SHARED_SIZES).used_bytes
 
 
 async def wait_for_200(session: aiohttp.ClientSession, url: str, timeout: float, failure: str) -> None:
@@ -69,7 +70,8 @@ class SimSupervisor:
     `name` (several engines on one GPU): the simulator serves `model-<name>` and shares `gpu.json` with the
     others, its use under `name` (SHARED_SIZES). A start then first claims its memory on the device, as
     vLLM allocates at startup; with no room (another engine awake) it waits and tries again, as vLLM fails
-    its startup check of free memory and is restarted until there is room."""
+    its startup check of free memory and is restarted until there is room. When the process exits its memory
+    is given back (the driver frees a dead process's memory)."""
 
     def __init__(self, port: int, workdir: Path, seed: int, name: str = "") -> None:
         self.port = port
@@ -124,9 +126,12 @@ class SimSupervisor:
         own = GpuMemory(**SHARED_SIZES).snapshot()
         device = self._shared.claim(own)
         if device is not None:
-            self._journal_line({"t": time.time(), "ev": "memory", "why": "start", "own": own["used_bytes"],
-                                "device": device, "total": own["total_bytes"]})  # fmt: skip
+            self._journal_memory("start", SHARED_AWAKE_BYTES, device)
         return device is not None
+
+    def _journal_memory(self, why: str, own: int, device: int) -> None:
+        total = int(SHARED_SIZES["total_gib"] * (1 << 30))
+        self._journal_line({"t": time.time(), "ev": "memory", "why": why, "own": own, "device": device, "total": total})
 
     def _journal_line(self, entry: dict[str, Any]) -> None:
         fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -150,6 +155,9 @@ class SimSupervisor:
                         "is_sleeping": False, "weight_update_active": False, "weights_valid": False,
                         "dead": True, "garbage": False}  # fmt: skip
                 self._journal_line({"t": time.time(), "ev": "state", "why": "exited", "s": dead})
+                if self._shared is not None:  # the driver frees a dead process's memory
+                    gone = {**GpuMemory(**SHARED_SIZES).snapshot(), "used_bytes": 0}
+                    self._journal_memory("exited", 0, self._shared.publish(gone))
                 self.restarts += 1
                 self.proc = None
             if self.proc is None and not self._stopping:
