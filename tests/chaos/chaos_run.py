@@ -177,8 +177,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         print(f"chaos: proxy {base} -> sim {sims}; {args.clients} clients, {args.trainers} trainers, "
               f"{args.duration:g} s; workdir {workdir}", flush=True)  # fmt: skip
         if args.engines > 1:
-            print(f"chaos: {args.engines} engines on one GPU file ({engines[0].sim.gpu_file}), one fits awake; "
-                  "models at random through the top-level URL; proxy restarts left out of this mode", flush=True)
+            print(
+                f"chaos: {args.engines} engines on one GPU file ({engines[0].sim.gpu_file}), one fits awake; "
+                "models at random through the top-level URL; proxy restarts left out of this mode",
+                flush=True,
+            )
 
         stop_load = asyncio.Event()
         stop_chaos = asyncio.Event()
@@ -190,8 +193,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         ]
         per_engine = -(-args.trainers // len(engines))  # with several engines: as many for each, rounded up
         chaos = [
-            asyncio.create_task(trainer(session, e.base, args.seed * 2000 + j * 100 + i, tally, stop_chaos,
-                                        LIFECYCLE_DEADLINE_S, e.name))  # fmt: skip
+            asyncio.create_task(
+                trainer(
+                    session, e.base, args.seed * 2000 + j * 100 + i, tally, stop_chaos, LIFECYCLE_DEADLINE_S, e.name
+                )
+            )  # fmt: skip
             for j, e in enumerate(engines)
             for i in range(per_engine)
         ]
@@ -428,7 +434,8 @@ def report(
             mine = Counter(c.outcome for c in calls if c.kind == "inference")
             print(f"{e.label}requests           {sum(mine.values())}: {dict(sorted(mine.items()))}")
             print(f"{e.label}lifecycle calls    {len(calls) - sum(mine.values())}")
-            print(f"{e.label}proxy errors       {dict(sorted(Counter(f'{c.status} {c.reason}' for c in calls if c.reason).items()))}")  # fmt: skip
+            errors = Counter(f"{c.status} {c.reason}" for c in calls if c.reason)
+            print(f"{e.label}proxy errors       {dict(sorted(errors.items()))}")
         print(f"{e.label}faults fired           {dict(sorted(journal.faults_fired.items()))}")
         print(f"{e.label}engine deaths/restarts {len(journal.deaths)} simulated deaths, {e.sim.restarts} restarts")
         print(f"{e.label}lifecycle 200s checked {truth[e.name][0]} against {len(journal.timeline)} engine states")
@@ -449,10 +456,11 @@ def report(
         no_room = Counter(c.engine for c in tally.calls if c.reason == "insufficient_gpu_memory")
         print(f"swaps by engine:outcome {dict(sorted(swaps.items()))}  (last proxy's lifeguard_swaps_total)")
         print(f"503 insufficient_gpu_memory by engine {dict(sorted(no_room.items()))}")
-        print(f"wakes the device refused (out of memory) {({n: j.ooms for n, j in journals.items()})}")
-        print(f"restarts that waited for room {({e.name: e.sim.waits_for_room for e in engines})}")
+        print(f"wakes the device refused (out of memory) { ({n: j.ooms for n, j in journals.items()}) }")
+        print(f"restarts that waited for room { ({e.name: e.sim.waits_for_room for e in engines}) }")
         print(f"device memory          peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB over {len(moves)} memory "
-              f"moves (one engine awake: {SHARED_AWAKE / GIB:.0f} GiB, asleep: {SHARED_ASLEEP / GIB:.0f} GiB)")  # fmt: skip
+              f"moves (one engine awake: {SHARED_AWAKE / GIB:.0f} GiB, "
+              f"asleep: {SHARED_ASLEEP / GIB:.0f} GiB)")  # fmt: skip
 
     broken: list[str] = []
 
@@ -489,20 +497,24 @@ def report(
         checked, lies = truth[e.name]
         real_lies = [c for c, bug in lies if args.strict or not bug]
         known.update(bug for _, bug in lies if bug and not args.strict)
+        shown = [f"{c.kind}?{c.query} noop={c.noop} deferred={c.deferred}: {c.detail}" for c in real_lies]
         check(not real_lies, f"{e.label}every lifecycle 200 truthful ({len(real_lies)} of {checked} not; known core "
-              "bugs aside)", [f"{c.kind}?{c.query} noop={c.noop} deferred={c.deferred}: {c.detail}" for c in real_lies])  # fmt: skip
+              "bugs aside)", shown)  # fmt: skip
         check(e.settle is None, f"{e.label}proxy state == engine state after a quiet settle ({e.settle or 'agreed'})")
         check(e.recovered, f"{e.label}recovered to RUNNING through the proxy")
         check(e.leftover is not None and e.leftover["held_requests"] == 0 and e.leftover["inflight_requests"] == 0,
               f"{e.label}nothing held or in flight at the end (no leaked admission tickets)")  # fmt: skip
         not_fired = [k for k in kinds if journal.faults_fired.get(k, 0) == 0]
         check(not not_fired, f"{e.label}every fault kind fired ({', '.join(not_fired) or 'all ' + str(len(kinds))})")
-    check(final_ok == 10, f"{final_ok}/10 requests 200 after the recovery" + (" (the models in turn)" if several else ""))
+    check(
+        final_ok == 10, f"{final_ok}/10 requests 200 after the recovery" + (" (the models in turn)" if several else "")
+    )
     check(proxy_rc == 0, f"SIGTERM: the proxy exited 0 (exit status {proxy_rc})")
     if several:
         check(peak >= 0 and not over, f"never more awake than fits: the device's use at every memory move of every "
               f"engine <= its total (peak {peak / GIB:.1f} of {total / GIB:.1f} GiB; {len(over)} moves over)",
-              [f"{m.engine} at {m.t:.3f}: own {m.own / GIB:.1f} GiB, device {m.device / GIB:.1f} GiB" for m in over])  # fmt: skip
+              [f"{m.engine} at {m.t:.3f}: own {m.own / GIB:.1f} GiB, device {m.device / GIB:.1f} GiB"
+               for m in over])  # fmt: skip
     for bug, count in sorted(known.items()):
         if count:
             print(f"  [known] {bug}: {count} occurrence(s), not counted; {KNOWN_BUGS[bug]}")

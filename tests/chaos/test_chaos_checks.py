@@ -118,4 +118,7 @@ def test_memory_moves_and_refused_wakes_are_read_from_each_engines_journal(tmp_p
     journal.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"t": 4.0, "ev": "mem')
     read = read_journal(journal, "b")
     assert read.ooms == 1
-    assert read.memory == [MemoryMove(1.0, "b", 50 * GIB, 52 * GIB, 80 * GIB), MemoryMove(3.0, "b", 2 * GIB, 4 * GIB, 80 * GIB)]
+    assert read.memory == [
+        MemoryMove(1.0, "b", 50 * GIB, 52 * GIB, 80 * GIB),
+        MemoryMove(3.0, "b", 2 * GIB, 4 * GIB, 80 * GIB),
+    ]
