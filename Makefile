@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test test-raw-plane lint test-vllm test-deploy test-clients test-image test-observability chaos bench gpu-check clean
+.PHONY: setup run sim test test-raw-plane lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,9 @@ test-observability: setup  ## real Prometheus scraping the proxy; every panel an
 
 chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to chaos_run.py
 	bash scripts/chaos.sh $(CHAOS_ARGS)
+
+chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (75 s): never more awake than fits
+	bash scripts/chaos.sh --engines 2 --quick $(CHAOS_ARGS)
 
 bench: setup  ## the performance table (docs/performance.md)
 	bash scripts/bench.sh

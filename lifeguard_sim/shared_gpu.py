@@ -29,24 +29,40 @@ class SharedGpuFile:
     def others_use(self) -> int:
         """Bytes the other engines on the device use now."""
         with self._locked():
-            engines = self._read().get("engines", {})
-        return sum(int(entry["used_bytes"]) for name, entry in engines.items() if name != self._engine)
+            return self._others(self._read())
 
     def fits(self, own_bytes_after: int) -> bool:
         return self.others_use() + own_bytes_after <= self._total
 
-    def publish(self, own: dict[str, Any]) -> None:
-        """Write this engine's use (``own``: its ``snapshot()``) and the device's new sum."""
+    def publish(self, own: dict[str, Any]) -> int:
+        """Write this engine's use (``own``: its ``snapshot()``) and the device's new sum; returns that sum."""
+        with self._locked():
+            return self._write(self._read(), own)
+
+    def claim(self, own: dict[str, Any]) -> int | None:
+        """Publish ``own`` only if the other engines leave room for it, in one locked step (a vLLM starting
+        beside others takes its memory, or fails its startup check of free memory): the device's new sum,
+        or None when there was no room."""
         with self._locked():
             document = self._read()
-            engines = document.get("engines", {})
-            engines[self._engine] = own
-            used = sum(int(entry["used_bytes"]) for entry in engines.values())
-            device = {"index": 0, "uuid": "GPU-sim-0", "used_bytes": used, "total_bytes": self._total}
-            write_gpu_file(
-                self._path,
-                {"used_bytes": used, "total_bytes": self._total, "devices": [device], "engines": engines},
-            )
+            if self._others(document) + int(own["used_bytes"]) > self._total:
+                return None
+            return self._write(document, own)
+
+    def _others(self, document: dict[str, Any]) -> int:
+        engines = document.get("engines", {})
+        return sum(int(entry["used_bytes"]) for name, entry in engines.items() if name != self._engine)
+
+    def _write(self, document: dict[str, Any], own: dict[str, Any]) -> int:
+        engines = document.get("engines", {})
+        engines[self._engine] = own
+        used = sum(int(entry["used_bytes"]) for entry in engines.values())
+        device = {"index": 0, "uuid": "GPU-sim-0", "used_bytes": used, "total_bytes": self._total}
+        write_gpu_file(
+            self._path,
+            {"used_bytes": used, "total_bytes": self._total, "devices": [device], "engines": engines},
+        )
+        return used
 
     def _read(self) -> dict[str, Any]:
         try:

@@ -7,6 +7,7 @@ test waiting on a condition). Every HTTP call has a client-side deadline, so not
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -23,9 +24,18 @@ from typing import Any
 import aiohttp
 from chaos_checks import Call, error_shape_problem, journal_entries
 
+from lifeguard_sim.memory import GpuMemory
+from lifeguard_sim.shared_gpu import SharedGpuFile
+
 SIM_SCRIPT = Path(__file__).with_name("sim_process.py")
 
 PROMPTS = ("The capital of France is", "Once upon a time", "def fib(n):", "Roses are red", "hello")
+# Served model name -> engine name ("": the one engine of the single-engine run).
+ONE_MODEL = {"tiny": ""}
+# With several engines on one GPU (--engines N): each takes 50 GiB awake and 2 asleep of an 80 GiB device,
+# so only one fits awake (tests/e2e/conftest.py BIG).
+SHARED_SIZES = {"weights_gib": 16.0, "kv_gib": 32.0, "overhead_gib": 2.0, "total_gib": 80.0}
+SHARED_AWAKE_BYTES = GpuMemory(**SHARED_SIZES).used_bytes
 
 
 async def wait_for_200(session: aiohttp.ClientSession, url: str, timeout: float, failure: str) -> None:
@@ -55,24 +65,46 @@ class Tally:
 
 # ----- the simulator process and its restarter
 class SimSupervisor:
-    """Runs sim_process.py; restarts it whenever it exits (a crash, the lie-dead watchdog, or our kill)."""
+    """Runs sim_process.py; restarts it whenever it exits (a crash, the lie-dead watchdog, or our kill).
 
-    def __init__(self, port: int, workdir: Path, seed: int) -> None:
+    `name` (several engines on one GPU): the simulator serves `model-<name>` and shares `gpu.json` with the
+    others, its use under `name` (SHARED_SIZES). A start then first claims its memory on the device, as
+    vLLM allocates at startup; with no room (another engine awake) it waits and tries again, as vLLM fails
+    its startup check of free memory and is restarted until there is room. When the process exits its memory
+    is given back (the driver frees a dead process's memory)."""
+
+    def __init__(self, port: int, workdir: Path, seed: int, name: str = "") -> None:
         self.port = port
-        self.journal = workdir / "sim-journal.jsonl"
+        self.name = name
+        self.model = f"model-{name}" if name else "tiny"
+        prefix = f"sim-{name}" if name else "sim"
+        self.journal = workdir / f"{prefix}-journal.jsonl"
         self.gpu_file = workdir / "gpu.json"
-        self._log = open(workdir / "sim.log", "ab")  # noqa: SIM115 - lives as long as the supervisor
+        self._log = open(workdir / f"{prefix}.log", "ab")  # noqa: SIM115 - lives as long as the supervisor
         self._seed = seed
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.started_at = 0.0
         self._stopping = False
+        self.waits_for_room = 0  # restarts that waited for another engine to free the device
+        self._waiting = False
+        self._shared = SharedGpuFile(self.gpu_file, name, int(SHARED_SIZES["total_gib"] * (1 << 30))) if name else None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    @property
+    def waiting_for_room(self) -> bool:
+        return self._waiting
+
+    def start(self) -> bool:
+        """Start the simulator; False when it must wait for room on the shared device (then try again)."""
+        if self._shared is not None and not self._claim_room():
+            self.waits_for_room += not self._waiting
+            self._waiting = True
+            return False
+        self._waiting = False
         self._seed += 1
         args = [
             sys.executable, str(SIM_SCRIPT), "--journal", str(self.journal), "--port", str(self.port),
@@ -80,13 +112,38 @@ class SimSupervisor:
             "--token-seconds", "0.002", "--watchdog-seconds", "1.0", "--seed", str(self._seed),
             "--log-level", "error",
         ]  # fmt: skip
+        if self.name:
+            args += ["--gpu-file-engine", self.name, "--model", self.model]
+            args += [arg for key, value in SHARED_SIZES.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.started_at = time.monotonic()
+        return True
 
-    def kill(self) -> None:
-        """What an operator's liveness probe does to a hung or wedged vLLM."""
+    def _claim_room(self) -> bool:
+        """Take this engine's awake memory on the shared device if the others leave room (journalled as the
+        simulator journals its own memory moves)."""
+        assert self._shared is not None
+        own = GpuMemory(**SHARED_SIZES).snapshot()
+        device = self._shared.claim(own)
+        if device is not None:
+            self._journal_memory("start", SHARED_AWAKE_BYTES, device)
+        return device is not None
+
+    def _journal_memory(self, why: str, own: int, device: int) -> None:
+        total = int(SHARED_SIZES["total_gib"] * (1 << 30))
+        self._journal_line({"t": time.time(), "ev": "memory", "why": why, "own": own, "device": device, "total": total})
+
+    def _journal_line(self, entry: dict[str, Any]) -> None:
+        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+        os.close(fd)
+
+    def kill(self) -> bool:
+        """What an operator's liveness probe does to a hung or wedged vLLM; False if none was running."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
+            return True
+        return False
 
     async def wait_healthy(self, session: aiohttp.ClientSession, timeout: float = 20.0) -> None:
         await wait_for_200(session, self.url + "/health", timeout, "the simulator did not become healthy (see sim.log)")
@@ -94,14 +151,16 @@ class SimSupervisor:
     async def restarter(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if self.proc is not None and self.proc.poll() is not None and not self._stopping:
-                fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 dead = {"executor_tags": [], "scheduling_asleep": False, "sleep_level": None, "paused": False,
                         "is_sleeping": False, "weight_update_active": False, "weights_valid": False,
                         "dead": True, "garbage": False}  # fmt: skip
-                entry = {"t": time.time(), "ev": "state", "why": "exited", "s": dead}
-                os.write(fd, (json.dumps(entry) + "\n").encode())
-                os.close(fd)
+                self._journal_line({"t": time.time(), "ev": "state", "why": "exited", "s": dead})
+                if self._shared is not None:  # the driver frees a dead process's memory
+                    gone = {**GpuMemory(**SHARED_SIZES).snapshot(), "used_bytes": 0}
+                    self._journal_memory("exited", 0, self._shared.publish(gone))
                 self.restarts += 1
+                self.proc = None
+            if self.proc is None and not self._stopping:
                 self.start()
             await asyncio.sleep(0.05)
 
@@ -127,18 +186,19 @@ def _outcome_for_error(call: Call, status: int, headers: Any, body: bytes) -> No
 
 
 async def inference(session: aiohttp.ClientSession, base: str, rng: random.Random, tally: Tally,
-                    deadline_s: float) -> Call:  # fmt: skip
+                    deadline_s: float, models: dict[str, str] = ONE_MODEL) -> Call:  # fmt: skip
     chat = rng.random() < 0.4
     stream = rng.random() < 0.5
     early = rng.random() < 0.08
     prompt = rng.choice(PROMPTS)
-    body: dict[str, Any] = {"model": "tiny", "max_tokens": rng.randint(1, 16), "temperature": 0, "stream": stream}
+    model = rng.choice(list(models)) if len(models) > 1 else next(iter(models))
+    body: dict[str, Any] = {"model": model, "max_tokens": rng.randint(1, 16), "temperature": 0, "stream": stream}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     url = base + ("/v1/chat/completions" if chat else "/v1/completions")
-    call = Call("inference", time.time())
+    call = Call("inference", time.time(), engine=models[model])
     tally.calls.append(call)
     tally.sent += 1
     try:
@@ -201,10 +261,11 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
 
 
 async def client(session: aiohttp.ClientSession, base: str, seed: int, tally: Tally, stop: asyncio.Event,
-                 deadline_s: float) -> None:  # fmt: skip
+                 deadline_s: float, models: dict[str, str] = ONE_MODEL) -> None:  # fmt: skip
+    """`models`: the served names it picks from at random, each with its engine (several: swaps)."""
     rng = random.Random(seed)
     while not stop.is_set():
-        call = await inference(session, base, rng, tally, deadline_s)
+        call = await inference(session, base, rng, tally, deadline_s, models)
         # A real client honours Retry-After loosely; without a pause the run is mostly instant 503s.
         # A refused connection (the proxy restarting) is backed off the same way.
         backoff = call.status == 503 or call.outcome == "no_answer"
@@ -242,8 +303,9 @@ def _random_call(rng: random.Random) -> tuple[str, list[tuple[str, str]], Any]:
 
 
 async def lifecycle_call(session: aiohttp.ClientSession, base: str, op: str, query: list[tuple[str, str]],
-                         body: Any, tally: Tally, deadline_s: float) -> Call:  # fmt: skip
-    call = Call(op, time.time(), query)
+                         body: Any, tally: Tally, deadline_s: float, engine: str = "") -> Call:  # fmt: skip
+    """`base`: the proxy, or with several engines one engine's base URL (/engines/<engine>)."""
+    call = Call(op, time.time(), query, engine=engine)
     tally.calls.append(call)
     try:
         async with asyncio.timeout(deadline_s):
@@ -268,24 +330,25 @@ async def lifecycle_call(session: aiohttp.ClientSession, base: str, op: str, que
 
 
 async def trainer(session: aiohttp.ClientSession, base: str, seed: int, tally: Tally, stop: asyncio.Event,
-                  deadline_s: float) -> None:  # fmt: skip
+                  deadline_s: float, engine: str = "") -> None:  # fmt: skip
     rng = random.Random(seed)
+    send = functools.partial(lifecycle_call, engine=engine)
     while not stop.is_set():
         op, query, body = _random_call(rng)
         if op == "session":  # a whole weight-update session, as a trainer runs it
-            first = await lifecycle_call(session, base, "start_weight_update", [], None, tally, deadline_s)
+            first = await send(session, base, "start_weight_update", [], None, tally, deadline_s)
             if first.status == 200:
                 for _ in range(rng.randint(1, 3)):
                     update = {"update_info": {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]}}
-                    await lifecycle_call(session, base, "update_weights", [], update, tally, deadline_s)
-                await lifecycle_call(session, base, "finish_weight_update", [], None, tally, deadline_s)
+                    await send(session, base, "update_weights", [], update, tally, deadline_s)
+                await send(session, base, "finish_weight_update", [], None, tally, deadline_s)
         elif rng.random() < 0.1:  # the same call twice at once: the second joins the first
             await asyncio.gather(
-                lifecycle_call(session, base, op, query, body, tally, deadline_s),
-                lifecycle_call(session, base, op, query, body, tally, deadline_s),
+                send(session, base, op, query, body, tally, deadline_s),
+                send(session, base, op, query, body, tally, deadline_s),
             )
         else:
-            await lifecycle_call(session, base, op, query, body, tally, deadline_s)
+            await send(session, base, op, query, body, tally, deadline_s)
         await asyncio.sleep(rng.uniform(0.02, 0.3))
 
 
@@ -398,8 +461,7 @@ async def healer(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, 
         if state is not None and state["state"] == "FAILED":
             failed_since = failed_since or now
             if now - failed_since > failed_for_s and now - sim.started_at > failed_for_s:
-                sim.kill()
-                tally.kills["healer"] += 1
+                tally.kills["healer"] += sim.kill()
                 failed_since = None
         else:
             failed_since = None

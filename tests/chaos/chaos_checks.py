@@ -34,6 +34,7 @@ class Call:
     noop: bool = False
     deferred: bool = False
     detail: str = ""
+    engine: str = ""  # with several engines (--engines N): the engine it was for; "" with one
 
 
 def error_shape_problem(status: int, headers: Any, body: bytes) -> str | None:
@@ -64,6 +65,20 @@ class Journal:
     starts: int
     # (pid, op, began, ended) of every pause and sleep the engine ran
     pausing: list[tuple[int, str, float, float]] = field(default_factory=list)
+    # On a shared GPU file: every write of this engine's use, and the wakes the device refused for want of room.
+    memory: list[MemoryMove] = field(default_factory=list)
+    ooms: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryMove:
+    """One write of an engine's use to the shared GPU file: the device's sum it wrote under the file's lock."""
+
+    t: float
+    engine: str
+    own: int
+    device: int
+    total: int
 
 
 def journal_entries(path: Path, offset: int = 0) -> list[dict[str, Any]]:
@@ -82,7 +97,7 @@ def journal_entries(path: Path, offset: int = 0) -> list[dict[str, Any]]:
     return entries
 
 
-def read_journal(path: Path) -> Journal:
+def read_journal(path: Path, engine: str = "") -> Journal:
     timeline: list[tuple[float, dict[str, Any]]] = []
     violations: list[dict[str, Any]] = []
     fired: Counter[str] = Counter()
@@ -90,6 +105,8 @@ def read_journal(path: Path) -> Journal:
     starts = 0
     open_ops: dict[tuple[int, str], list[float]] = {}
     pausing: list[tuple[int, str, float, float]] = []
+    memory: list[MemoryMove] = []
+    ooms = 0
     for entry in journal_entries(path):
         ev = entry.get("ev")
         if ev == "begin":
@@ -107,8 +124,13 @@ def read_journal(path: Path) -> Journal:
             violations.append({**entry["violation"], "pid": entry.get("pid")})
         elif ev == "fault":
             fired[str(entry["kind"])] += 1
+        elif ev == "memory":
+            memory.append(MemoryMove(float(entry["t"]), engine, int(entry["own"]), int(entry["device"]),
+                                     int(entry["total"])))  # fmt: skip
+        elif ev == "oom":
+            ooms += 1
     timeline.sort(key=lambda item: item[0])
-    return Journal(timeline, violations, fired, deaths, starts, pausing)
+    return Journal(timeline, violations, fired, deaths, starts, pausing, memory, ooms)
 
 
 def states_during(timeline: list[tuple[float, dict[str, Any]]], start: float, end: float) -> list[dict[str, Any]]:
@@ -276,3 +298,15 @@ def session_cut(calls: list[Call], downtimes: list[tuple[float, float]]) -> bool
         if any(t <= kill for t in opened) and not any(t >= kill for t in closed):
             return True
     return False
+
+
+# ----- several engines on one GPU (--engines N)
+def more_awake_than_fits(moves: list[MemoryMove]) -> tuple[int, int, list[MemoryMove]]:
+    """Never more awake than fits: (the device's peak use, its total, the moves that took the device past its
+    total), over every memory move of every engine on the device. No move at all is a broken journal, not a
+    pass: the peak is then -1."""
+    if not moves:
+        return -1, 0, []
+    total = min(move.total for move in moves)
+    over = [move for move in moves if move.device > move.total]
+    return max(move.device for move in moves), total, over

@@ -2,6 +2,7 @@
 
     python tests/chaos/chaos_run.py --duration 600          # the full run
     python tests/chaos/chaos_run.py --quick                 # the bounded CI run (~90 s)
+    python tests/chaos/chaos_run.py --engines 2 --quick     # two engines on one GPU (make chaos-engines)
 
 Processes: the simulator (tests/chaos/sim_process.py: `vllm-lifeguard sim` plus a crash-proof journal)
 under a restarter, and `vllm-lifeguard serve --upstream ... --gpu-probe file:GPUFILE`, which is killed -9
@@ -10,27 +11,37 @@ and started again on the same port at random moments (tests/chaos/chaos_proxy.py
 calls, weight-update sessions), a fault injector (every fault kind in turn) and a healer (restarts an
 engine that stays FAILED). Then a quiet settle, a recovery to RUNNING, and the invariants
 (docs/reliability.md says what each means). Prints the figures; exits 1 if any invariant broke.
+
+With `--engines 2`: two simulators (model-a, model-b) share one GPU file whose device fits one awake, behind
+one `vllm-lifeguard serve` with `engines:` (LIFEGUARD_ENGINES); clients ask for both models at random through
+the top-level URL (swaps), trainers call /engines/<name>/..., each simulator has its fault injector and
+healer. The invariants hold per engine, plus never more awake than fits, from both journals' memory moves.
+No proxy restarts in this mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from chaos_actors import (
     FAULT_OPS,
+    SHARED_SIZES,
     SimSupervisor,
     Tally,
     client,
@@ -45,9 +56,11 @@ from chaos_checks import (
     BAD_INFERENCE,
     KNOWN_BUGS,
     Call,
+    Journal,
     cut_by_restart,
     engine_matches,
     known_violation,
+    more_awake_than_fits,
     read_journal,
     session_cut,
     untruthful,
@@ -72,6 +85,10 @@ PROXY_ENV = {
 INFERENCE_DEADLINE_S = 45.0
 # Queue deadline (20 s) + call deadline (8 s) + verification + slack.
 LIFECYCLE_DEADLINE_S = 60.0
+GIB = 1 << 30
+# With several engines (--engines N): what one takes on the shared device awake, and asleep.
+SHARED_AWAKE = int(sum(SHARED_SIZES[k] for k in ("weights_gib", "kv_gib", "overhead_gib")) * GIB)
+SHARED_ASLEEP = int(SHARED_SIZES["overhead_gib"] * GIB)
 
 
 def free_port() -> int:
@@ -96,47 +113,97 @@ async def wait_until(what: str, check: Any, timeout: float) -> Any:
     raise RuntimeError(f"{what} not reached within {timeout} s")
 
 
+@dataclass
+class Guarded:
+    """One engine of the run: its simulator, its base URL on the proxy, and what the run found about it."""
+
+    name: str  # "": the one engine of the single-engine run
+    sim: SimSupervisor
+    base: str  # the proxy, or /engines/<name> on it
+    settle: str | None = "never compared"
+    recovered: bool = False
+    leftover: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"[{self.name}] " if self.name else ""
+
+
+def engines_config(engines: list[Guarded]) -> list[dict[str, Any]]:
+    """`engines:` of the proxy (LIFEGUARD_ENGINES): all on GPU 0; the first swapped out at level 1, the
+    others at level 2 (woken with a weight reload), so both kinds of swap run."""
+    return [{"name": e.name, "upstream": e.sim.url, "gpus": [0], "models": [e.sim.model],
+             "swap_sleep_level": 1 if i == 0 else 2} for i, e in enumerate(engines)]  # fmt: skip
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> int:
-    sim = SimSupervisor(free_port(), workdir, args.seed)
     proxy_port = free_port()
     base = f"http://127.0.0.1:{proxy_port}"
+    names = [chr(ord("a") + i) for i in range(args.engines)] if args.engines > 1 else [""]
+    engines = [Guarded(name, SimSupervisor(free_port(), workdir, args.seed + 7919 * i, name),
+                       base + (f"/engines/{name}" if name else "")) for i, name in enumerate(names)]  # fmt: skip
+    models = {e.sim.model: e.name for e in engines}
     tally = Tally()
     proxy: ProxySupervisor | None = None
     stop_restarter = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-    restarter_task: asyncio.Task[None] | None = None
+    restarters: list[asyncio.Task[None]] = []
     try:
-        sim.start()
-        await sim.wait_healthy(session)
-        restarter_task = asyncio.create_task(sim.restarter(stop_restarter), name="restarter")
-        cmd = [*proxy_command(), "serve", "--upstream", sim.url, "--port", str(proxy_port),
-               "--gpu-probe", f"file:{sim.gpu_file}"]  # fmt: skip
+        for e in engines:
+            e.sim.start()  # on a shared GPU only one fits awake: each but the last is put to sleep first
+            await e.sim.wait_healthy(session)
+            if e.name and e is not engines[-1]:
+                await sim_sleep(session, e.sim)
+        restarters = [asyncio.create_task(e.sim.restarter(stop_restarter), name="restarter") for e in engines]
+        cmd = [*proxy_command(), "serve", "--port", str(proxy_port), "--gpu-probe", f"file:{engines[0].sim.gpu_file}"]
         env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
+        if args.engines > 1:
+            env["LIFEGUARD_ENGINES"] = json.dumps(engines_config(engines))
+            env["LIFEGUARD_DRAIN_BEFORE_SLEEP_S"] = "1"  # a serving engine is drained (1 s) and swapped out
+        else:
+            cmd += ["--upstream", engines[0].sim.url]
         proxy = ProxySupervisor(cmd, env, workdir / "proxy.log", base)
         proxy.start()
+        expected = {e.name: "SLEEPING" if e.name and e is not engines[-1] else "RUNNING" for e in engines}
 
-        async def running() -> bool:
-            state = await proxy_state(session, base)
-            return state is not None and state["state"] == "RUNNING"
+        async def ready() -> bool:
+            states = [await proxy_state(session, e.base) for e in engines]
+            return all(s is not None and s["state"] == expected[e.name] for e, s in zip(engines, states, strict=True))
 
-        await wait_until("proxy RUNNING", running, 30)
+        await wait_until("proxy RUNNING", ready, 30)
         started = time.monotonic()
-        print(f"chaos: proxy {base} -> sim {sim.url}; {args.clients} clients, {args.trainers} trainers, "
+        sims = ", ".join(f"{e.label}{e.sim.url}" for e in engines)
+        print(f"chaos: proxy {base} -> sim {sims}; {args.clients} clients, {args.trainers} trainers, "
               f"{args.duration:g} s; workdir {workdir}", flush=True)  # fmt: skip
+        if args.engines > 1:
+            print(
+                f"chaos: {args.engines} engines on one GPU file ({engines[0].sim.gpu_file}), one fits awake; "
+                "models at random through the top-level URL; proxy restarts left out of this mode",
+                flush=True,
+            )
 
         stop_load = asyncio.Event()
         stop_chaos = asyncio.Event()
         clients = [
-            asyncio.create_task(client(session, base, args.seed * 1000 + i, tally, stop_load, INFERENCE_DEADLINE_S))
+            asyncio.create_task(
+                client(session, base, args.seed * 1000 + i, tally, stop_load, INFERENCE_DEADLINE_S, models)
+            )
             for i in range(args.clients)
         ]
+        per_engine = -(-args.trainers // len(engines))  # with several engines: as many for each, rounded up
         chaos = [
-            asyncio.create_task(trainer(session, base, args.seed * 2000 + i, tally, stop_chaos, LIFECYCLE_DEADLINE_S))
-            for i in range(args.trainers)
+            asyncio.create_task(
+                trainer(
+                    session, e.base, args.seed * 2000 + j * 100 + i, tally, stop_chaos, LIFECYCLE_DEADLINE_S, e.name
+                )
+            )  # fmt: skip
+            for j, e in enumerate(engines)
+            for i in range(per_engine)
         ]
-        chaos.append(asyncio.create_task(fault_injector(session, sim, args.seed, tally, stop_chaos)))
-        chaos.append(asyncio.create_task(healer(session, base, sim, tally, stop_chaos)))
+        for j, e in enumerate(engines):
+            chaos.append(asyncio.create_task(fault_injector(session, e.sim, args.seed + 7919 * j, tally, stop_chaos)))
+            chaos.append(asyncio.create_task(healer(session, e.base, e.sim, tally, stop_chaos)))
         if args.proxy_restarts:
             every = (6.0, 15.0) if args.quick else (8.0, 20.0)
 
@@ -153,22 +220,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 next_progress += progress_every
                 ops = sum(1 for c in tally.calls if c.kind != "inference")
                 print(f"  t={time.monotonic() - started:5.0f}s requests={tally.sent} lifecycle={ops} "
-                      f"restarts={sim.restarts}", flush=True)  # fmt: skip
+                      f"restarts={sum(e.sim.restarts for e in engines)}", flush=True)  # fmt: skip
         chaos_seconds = time.monotonic() - started
 
         # 1. Quiet: no lifecycle call, no fault; clients go on. The proxy must come to agree with the engine.
+        # With several engines the clients stop first: their traffic for every model swaps engines all along.
         stop_chaos.set()
         await asyncio.wait_for(asyncio.gather(*chaos), LIFECYCLE_DEADLINE_S + 10)
-        settle = await settle_and_compare(session, base, sim, session_cut(tally.calls, proxy.downtimes))
+        if args.engines > 1:
+            stop_load.set()
+            await asyncio.wait_for(asyncio.gather(*clients), INFERENCE_DEADLINE_S + 10)
+        for e in engines:
+            cut = session_cut([c for c in tally.calls if c.engine == e.name], proxy.downtimes)
+            e.settle = await settle_and_compare(session, e.base, e.sim, cut)
 
-        # 2. Recovery through the proxy's own routes, then traffic must flow again.
-        recovered = await recover(session, base, sim, tally)
+        # 2. Recovery through the proxy's own routes, then traffic must flow again (for every model in turn).
+        await recover_all(session, engines, tally)
         stop_load.set()
         await asyncio.wait_for(asyncio.gather(*clients), INFERENCE_DEADLINE_S + 10)
         final_ok = 0
-        for _ in range(10):
+        for i in range(10):
             try:
-                body = {"model": "tiny", "prompt": "ok", "max_tokens": 2}
+                body = {"model": list(models)[i % len(models)], "prompt": "ok", "max_tokens": 2}
                 async with session.post(
                     base + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=15)
                 ) as resp:
@@ -176,26 +249,37 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             except (aiohttp.ClientError, TimeoutError):
                 pass
 
-        async def drained() -> dict[str, Any] | None:
-            state = await proxy_state(session, base)
-            return state if state and state["held_requests"] == 0 and state["inflight_requests"] == 0 else None
+        for e in engines:
 
-        try:
-            leftover: dict[str, Any] | None = await wait_until("nothing held or in flight", drained, 10)
-        except RuntimeError:
-            leftover = await proxy_state(session, base)
+            async def drained(e: Guarded = e) -> dict[str, Any] | None:
+                state = await proxy_state(session, e.base)
+                return state if state and state["held_requests"] == 0 and state["inflight_requests"] == 0 else None
+
+            try:
+                e.leftover = await wait_until("nothing held or in flight", drained, 10)
+            except RuntimeError:
+                e.leftover = await proxy_state(session, e.base)
         metrics_text = await fetch_text(session, base + "/lifeguard/metrics")
     finally:
         stop_restarter.set()
-        if restarter_task is not None:
-            await restarter_task
+        for task in restarters:
+            await task
         proxy_rc = proxy.stop() if proxy is not None else None
-        sim.stop()
+        for e in engines:
+            e.sim.stop()
         await session.close()
 
-    journal = read_journal(sim.journal)
-    return report(args, tally, journal, sim, chaos_seconds, settle, recovered, final_ok, leftover, proxy_rc,
-                  metrics_text, workdir, proxy.downtimes)  # fmt: skip
+    journals = {e.name: read_journal(e.sim.journal, e.name) for e in engines}
+    return report(args, tally, engines, journals, chaos_seconds, final_ok, proxy_rc, metrics_text, workdir,
+                  proxy.downtimes)  # fmt: skip
+
+
+async def sim_sleep(session: aiohttp.ClientSession, sim: SimSupervisor) -> None:
+    """Put a simulator to sleep directly (before the proxy starts), as a trainer's setup would."""
+    url = sim.url + "/sleep?level=1&mode=abort"
+    async with session.post(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"sleep of {sim.url} before the run: {resp.status} {await resp.text()}")
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
@@ -215,6 +299,8 @@ async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: Sim
     agreed = 0
     while time.monotonic() < deadline:
         proxy, engine = await proxy_state(session, base), await sim_state(session, sim)
+        if sim.waiting_for_room:  # dead beside an awake engine until the recovery makes room for it
+            engine = {"dead": True, "asleep_tags": [], "weight_update_active": False}
         if proxy is not None and engine is not None and not proxy["lifecycle_busy"]:
             problem = engine_matches(proxy, engine, session_unknowable=session_unknowable)
             if problem is None:
@@ -228,8 +314,37 @@ async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: Sim
     return last
 
 
-async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, tally: Tally) -> bool:
+async def recover_all(session: aiohttp.ClientSession, engines: list[Guarded], tally: Tally) -> None:
+    """Recover every engine through the proxy; with several, a FAILED one first (dead awake, it leaves no
+    room for a wake), in up to three rounds. Recovering one puts the one recovered before to sleep (one fits
+    awake): each has to come back to RUNNING once; the final requests then swap them in turn."""
+    for _ in range(3):
+        states = {e.name: await proxy_state(session, e.base) for e in engines}
+        order = sorted(engines, key=lambda e: (states[e.name] or {}).get("state") != "FAILED")
+        for e in order:
+            if e.sim.waiting_for_room:  # dead while another is awake: an operator makes room for its restart
+                for other in engines:
+                    if other is not e:
+                        await lifecycle_call(session, other.base, "sleep", [("level", "1")], None, tally,
+                                             LIFECYCLE_DEADLINE_S, other.name)  # fmt: skip
+
+                async def restarted(e: Guarded = e) -> bool:
+                    return not e.sim.waiting_for_room
+
+                with contextlib.suppress(RuntimeError):
+                    await wait_until("room for a restart", restarted, 5)
+            e.recovered = await recover(session, e.base, e.sim, tally, e.name)
+        if all(e.recovered for e in engines):
+            return
+
+
+async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, tally: Tally,
+                  engine: str = "") -> bool:  # fmt: skip
     """Bring the engine back to RUNNING with fresh weights the way a trainer would, through the proxy."""
+
+    async def call(op: str, body: Any = None) -> None:
+        await lifecycle_call(session, base, op, [], body, tally, LIFECYCLE_DEADLINE_S, engine)
+
     for _ in range(30):
         state = await proxy_state(session, base)
         if state is None:
@@ -239,14 +354,13 @@ async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor,
         if name == "RUNNING" and not state["weights_stale"]:
             return True
         if name == "UPDATING_WEIGHTS":
-            await lifecycle_call(session, base, "finish_weight_update", [], None, tally, LIFECYCLE_DEADLINE_S)
+            await call("finish_weight_update")
         elif name == "SLEEPING":
-            await lifecycle_call(session, base, "wake_up", [], None, tally, LIFECYCLE_DEADLINE_S)
+            await call("wake_up")
         elif name == "PAUSED":
-            await lifecycle_call(session, base, "resume", [], None, tally, LIFECYCLE_DEADLINE_S)
+            await call("resume")
         elif name == "RUNNING":
-            body = {"method": "reload_weights"}
-            await lifecycle_call(session, base, "collective_rpc", [], body, tally, LIFECYCLE_DEADLINE_S)
+            await call("collective_rpc", {"method": "reload_weights"})
         elif name == "FAILED":
             sim.kill()
             await asyncio.sleep(1.0)
@@ -255,24 +369,27 @@ async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor,
     return False
 
 
-def metric_sum(text: str, name: str) -> float:
-    total = 0.0
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Each sample of the Prometheus series `name` in `text`: its labels and its value."""
+    samples = []
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0])) if "{" in line else {}
+            samples.append((labels, float(line.rsplit(" ", 1)[1])))
+    return samples
+
+
+def metric_sum(text: str, name: str) -> float:
+    return sum(value for _, value in metric_samples(text, name))
 
 
 def report(
     args: argparse.Namespace,
     tally: Tally,
-    journal: Any,
-    sim: SimSupervisor,
+    engines: list[Guarded],
+    journals: dict[str, Journal],
     seconds: float,
-    settle: str | None,
-    recovered: bool,
     final_ok: int,
-    leftover: dict[str, Any] | None,
     proxy_rc: int | None,
     metrics_text: str,
     workdir: Path,
@@ -289,15 +406,14 @@ def report(
     cut = [c for c in tally.calls if cut_by_restart(c, downtimes)]
     bad_inference = [c for c in inference if (c.outcome in BAD_INFERENCE or c.outcome == "pending") and c not in cut]
     bad_lifecycle = [c for c in lifecycle if c.outcome not in ("ok", "noop", "proxy_error") and c not in cut]
-    checked, lies = untruthful(lifecycle, journal.timeline)
     latencies = sorted(c.t_end - c.t_send for c in inference if c.outcome == "ok")
 
     def p(q: float) -> float:
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
 
     kinds = sorted(FAULT_OPS)
-    not_fired = [k for k in kinds if journal.faults_fired.get(k, 0) == 0]
     counted = metric_sum(metrics_text, "lifeguard_inference_requests_total")
+    several = len(engines) > 1
 
     print("\n=== chaos figures ===")
     print(f"chaos phase            {seconds:.0f} s, seed {args.seed}")
@@ -309,13 +425,42 @@ def report(
     print(f"  by op:outcome        {dict(sorted(by_op.items()))}")
     print(f"proxy errors by reason {dict(sorted(reasons.items()))}")
     print(f"faults injected        {dict(sorted(tally.faults_injected.items()))}")
-    print(f"faults fired           {dict(sorted(journal.faults_fired.items()))}")
-    print(f"engine deaths/restarts {len(journal.deaths)} simulated deaths, {sim.restarts} restarts "
-          f"(operator kills {dict(tally.kills)})")  # fmt: skip
-    print(f"lifecycle 200s checked {checked} against {len(journal.timeline)} engine states")
+    truth: dict[str, tuple[int, list[tuple[Call, str]]]] = {}
+    for e in engines:
+        journal = journals[e.name]
+        calls = [c for c in tally.calls if c.engine == e.name]
+        truth[e.name] = untruthful([c for c in calls if c.kind != "inference"], journal.timeline)
+        if several:
+            mine = Counter(c.outcome for c in calls if c.kind == "inference")
+            print(f"{e.label}requests           {sum(mine.values())}: {dict(sorted(mine.items()))}")
+            print(f"{e.label}lifecycle calls    {len(calls) - sum(mine.values())}")
+            errors = Counter(f"{c.status} {c.reason}" for c in calls if c.reason)
+            print(f"{e.label}proxy errors       {dict(sorted(errors.items()))}")
+        print(f"{e.label}faults fired           {dict(sorted(journal.faults_fired.items()))}")
+        print(f"{e.label}engine deaths/restarts {len(journal.deaths)} simulated deaths, {e.sim.restarts} restarts")
+        print(f"{e.label}lifecycle 200s checked {truth[e.name][0]} against {len(journal.timeline)} engine states")
+    print(f"operator kills         {dict(tally.kills)}")
     cut_kinds = Counter("inference" if c.kind == "inference" else "lifecycle" for c in cut)
-    print(f"proxy restarts         {len(downtimes)} kill -9 + restart on the same port; calls cut (connection error): "
-          f"{dict(cut_kinds)}")  # fmt: skip
+    if several:
+        print("proxy restarts         left out of this mode (several engines)")
+    else:
+        print(f"proxy restarts         {len(downtimes)} kill -9 + restart on the same port; calls cut (connection "
+              f"error): {dict(cut_kinds)}")  # fmt: skip
+    moves = [move for journal in journals.values() for move in journal.memory]
+    peak, total, over = more_awake_than_fits(moves)
+    swaps: Counter[str] = Counter()
+    if several:
+        for labels, value in metric_samples(metrics_text, "lifeguard_swaps_total"):
+            if value:
+                swaps[f"{labels.get('engine')}:{labels.get('outcome')}"] += int(value)
+        no_room = Counter(c.engine for c in tally.calls if c.reason == "insufficient_gpu_memory")
+        print(f"swaps by engine:outcome {dict(sorted(swaps.items()))}  (last proxy's lifeguard_swaps_total)")
+        print(f"503 insufficient_gpu_memory by engine {dict(sorted(no_room.items()))}")
+        print(f"wakes the device refused (out of memory) { ({n: j.ooms for n, j in journals.items()}) }")
+        print(f"restarts that waited for room { ({e.name: e.sim.waits_for_room for e in engines}) }")
+        print(f"device memory          peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB over {len(moves)} memory "
+              f"moves (one engine awake: {SHARED_AWAKE / GIB:.0f} GiB, "
+              f"asleep: {SHARED_ASLEEP / GIB:.0f} GiB)")  # fmt: skip
 
     broken: list[str] = []
 
@@ -327,7 +472,8 @@ def report(
                 print(f"           {line}")
 
     def show(calls: list[Call]) -> list[str]:
-        return [f"{c.kind} {c.query} -> {c.status} {c.outcome} {c.reason or ''} {c.detail}" for c in calls]
+        return [f"{c.engine}{' ' if c.engine else ''}{c.kind} {c.query} -> {c.status} {c.outcome} {c.reason or ''} "
+                f"{c.detail}" for c in calls]  # fmt: skip
 
     print("\n=== invariants ===")
     check(tally.sent == tally.ended, f"sent == ended ({tally.sent} == {tally.ended}); 0 requests lost")
@@ -338,24 +484,37 @@ def report(
     check(not proxy_bugs, f"0 unexpected proxy errors (reason proxy_error: {len(proxy_bugs)})", show(proxy_bugs))
     check(not bad_lifecycle, f"every lifecycle call answered: 200, or a proxy error with a reason "
           f"({len(bad_lifecycle)} not)", show(bad_lifecycle))  # fmt: skip
-    violations = []
-    for v in journal.violations:
-        bug = "" if args.strict else known_violation(v, journal.pausing)
-        known[bug] += bool(bug)
-        if not bug:
-            violations.append(v)
-    check(not violations, f"simulator violations empty ({len(violations)}; known core bugs aside)",
-          [json.dumps(v) for v in violations])  # fmt: skip
-    real_lies = [c for c, bug in lies if args.strict or not bug]
-    known.update(bug for _, bug in lies if bug and not args.strict)
-    check(not real_lies, f"every lifecycle 200 truthful ({len(real_lies)} of {checked} not; known core bugs aside)",
-          [f"{c.kind}?{c.query} noop={c.noop} deferred={c.deferred}: {c.detail}" for c in real_lies])  # fmt: skip
-    check(settle is None, f"proxy state == engine state after a quiet settle ({settle or 'agreed'})")
-    check(recovered and final_ok == 10, f"recovered to RUNNING through the proxy; {final_ok}/10 requests 200 after")
-    check(leftover is not None and leftover["held_requests"] == 0 and leftover["inflight_requests"] == 0,
-          "nothing held or in flight at the end (no leaked admission tickets)")  # fmt: skip
+    for e in engines:
+        journal = journals[e.name]
+        violations = []
+        for v in journal.violations:
+            bug = "" if args.strict else known_violation(v, journal.pausing)
+            known[bug] += bool(bug)
+            if not bug:
+                violations.append(v)
+        check(not violations, f"{e.label}simulator violations empty ({len(violations)}; known core bugs aside)",
+              [json.dumps(v) for v in violations])  # fmt: skip
+        checked, lies = truth[e.name]
+        real_lies = [c for c, bug in lies if args.strict or not bug]
+        known.update(bug for _, bug in lies if bug and not args.strict)
+        shown = [f"{c.kind}?{c.query} noop={c.noop} deferred={c.deferred}: {c.detail}" for c in real_lies]
+        check(not real_lies, f"{e.label}every lifecycle 200 truthful ({len(real_lies)} of {checked} not; known core "
+              "bugs aside)", shown)  # fmt: skip
+        check(e.settle is None, f"{e.label}proxy state == engine state after a quiet settle ({e.settle or 'agreed'})")
+        check(e.recovered, f"{e.label}recovered to RUNNING through the proxy")
+        check(e.leftover is not None and e.leftover["held_requests"] == 0 and e.leftover["inflight_requests"] == 0,
+              f"{e.label}nothing held or in flight at the end (no leaked admission tickets)")  # fmt: skip
+        not_fired = [k for k in kinds if journal.faults_fired.get(k, 0) == 0]
+        check(not not_fired, f"{e.label}every fault kind fired ({', '.join(not_fired) or 'all ' + str(len(kinds))})")
+    check(
+        final_ok == 10, f"{final_ok}/10 requests 200 after the recovery" + (" (the models in turn)" if several else "")
+    )
     check(proxy_rc == 0, f"SIGTERM: the proxy exited 0 (exit status {proxy_rc})")
-    check(not not_fired, f"every fault kind fired ({', '.join(not_fired) or 'all ' + str(len(kinds))})")
+    if several:
+        check(peak >= 0 and not over, f"never more awake than fits: the device's use at every memory move of every "
+              f"engine <= its total (peak {peak / GIB:.1f} of {total / GIB:.1f} GiB; {len(over)} moves over)",
+              [f"{m.engine} at {m.t:.3f}: own {m.own / GIB:.1f} GiB, device {m.device / GIB:.1f} GiB"
+               for m in over])  # fmt: skip
     for bug, count in sorted(known.items()):
         if count:
             print(f"  [known] {bug}: {count} occurrence(s), not counted; {KNOWN_BUGS[bug]}")
@@ -368,10 +527,14 @@ def report(
         "seconds": round(seconds), "seed": args.seed, "requests": tally.sent, "ended": tally.ended,
         "outcomes": dict(outcomes), "lifecycle_calls": len(lifecycle), "by_op": dict(by_op),
         "reasons": dict(reasons), "faults_injected": dict(tally.faults_injected),
-        "faults_fired": dict(journal.faults_fired), "restarts": sim.restarts, "truth_checked": checked,
-        "violations": len(journal.violations), "known_bugs": dict(known), "broken": broken,
-        "proxy_restarts": len(downtimes), "cut_by_proxy_restart": dict(cut_kinds),
+        "faults_fired": {e.name: dict(journals[e.name].faults_fired) for e in engines},
+        "restarts": sum(e.sim.restarts for e in engines), "truth_checked": sum(t[0] for t in truth.values()),
+        "violations": sum(len(j.violations) for j in journals.values()), "known_bugs": dict(known),
+        "broken": broken, "proxy_restarts": len(downtimes), "cut_by_proxy_restart": dict(cut_kinds),
     }  # fmt: skip
+    if several:
+        summary.update({"engines": len(engines), "swaps": dict(swaps), "device_peak_bytes": peak,
+                        "device_total_bytes": total, "memory_moves": len(moves)})  # fmt: skip
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nchaos: {'PASS' if not broken else 'FAIL: ' + '; '.join(broken)} (logs and summary in {workdir})")
     return 0 if not broken else 1
@@ -389,10 +552,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the workdir even when the run passes")
     parser.add_argument("--no-proxy-restarts", dest="proxy_restarts", action="store_false",
                         help="do not kill -9 and restart the proxy during the chaos phase")  # fmt: skip
+    parser.add_argument("--engines", type=int, default=int(os.environ.get("CHAOS_ENGINES", 1)),
+                        help="several engines (2: a and b) on one simulated GPU that fits one awake, behind one "
+                        "proxy with engines:; clients ask for every model at random (swaps), trainers call "
+                        "/engines/<name>/...; no proxy restarts in this mode")  # fmt: skip
     parser.add_argument("--strict", action="store_true", default=os.environ.get("CHAOS_STRICT") == "1",
                         help="count the known core bugs (KNOWN_BUGS) as broken invariants too")  # fmt: skip
     args = parser.parse_args(argv)
     args.require_targets = not args.quick
+    if args.engines > 1:
+        args.proxy_restarts = False  # left out of this mode: the single-engine run restarts the proxy
     if args.quick and "--duration" not in (argv if argv is not None else sys.argv[1:]):
         args.duration = float(os.environ.get("CHAOS_DURATION", 75))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lifeguard-chaos-"))

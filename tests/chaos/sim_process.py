@@ -10,7 +10,10 @@ loses nothing. It records:
   (the timeline the chaos run checks every lifecycle 200 against);
 * `violation`: each entry of the engine's violation list, at the moment it is appended;
 * `fault`: each fault kind that fired, and for which operation;
-* `die`: the simulated process death, just before the exit.
+* `die`: the simulated process death, just before the exit;
+* with `--gpu-file-engine` (several simulators on one GPU file): `memory`, each write of this engine's use
+  to the shared file, with the device's sum it wrote under the file's lock; `oom`, each wake the device
+  refused for want of room.
 
 Usage: python tests/chaos/sim_process.py --journal J.jsonl [every `vllm-lifeguard sim` option]
 """
@@ -109,6 +112,24 @@ def instrument(engine: Engine, journal: Journal) -> None:
         die(reason)
 
     engine.die = journaled_die  # type: ignore[method-assign]
+
+    shared = engine._shared  # the shared GPU file (--gpu-file-engine), or None
+    if shared is not None:
+        publish, fits = shared.publish, shared.fits
+
+        def journaled_publish(own: dict[str, Any]) -> int:
+            device = publish(own)
+            journal.write("memory", own=int(own["used_bytes"]), device=device, total=int(own["total_bytes"]))
+            return device
+
+        def journaled_fits(own_bytes_after: int) -> bool:
+            room = fits(own_bytes_after)
+            if not room:
+                journal.write("oom", own_after=own_bytes_after)
+            return room
+
+        shared.publish = journaled_publish  # type: ignore[method-assign]
+        shared.fits = journaled_fits  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

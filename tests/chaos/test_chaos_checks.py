@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_actors import _fired_since
-from chaos_checks import Call, cut_by_restart, session_cut, untruthful
+from chaos_checks import Call, MemoryMove, cut_by_restart, more_awake_than_fits, read_journal, session_cut, untruthful
 
 
 def _engine(**overrides: Any) -> dict[str, Any]:
@@ -83,3 +83,42 @@ def test_a_pause_recorded_just_after_a_restart_the_proxy_has_not_seen_yet_is_kno
     checked, bad = untruthful([soon, late], timeline)
     assert checked == 2
     assert [(call.t_send, known) for call, known in bad] == [(0.8, "stale_noop"), (2.1, "")]
+
+
+GIB = 1 << 30
+
+
+def _moves(*devices: int) -> list[MemoryMove]:
+    return [MemoryMove(float(i), "ab"[i % 2], 50 * GIB, gib * GIB, 80 * GIB) for i, gib in enumerate(devices)]
+
+
+def test_never_more_awake_than_fits_passes_while_the_device_stays_within_its_total() -> None:
+    peak, total, over = more_awake_than_fits(_moves(50, 52, 4, 52, 80))
+    assert (peak, total, over) == (80 * GIB, 80 * GIB, [])
+
+
+def test_never_more_awake_than_fits_fails_on_one_move_past_the_total() -> None:
+    """Two engines of 50 GiB awake on 80 GiB: the move that made the device 100 GiB breaks the invariant."""
+    moves = _moves(50, 52, 100, 52)
+    peak, _, over = more_awake_than_fits(moves)
+    assert peak == 100 * GIB and over == [moves[2]]
+
+
+def test_never_more_awake_than_fits_has_no_peak_without_a_memory_move() -> None:
+    assert more_awake_than_fits([]) == (-1, 0, [])  # the run counts that as broken: nothing was journalled
+
+
+def test_memory_moves_and_refused_wakes_are_read_from_each_engines_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "sim-b-journal.jsonl"
+    lines = [
+        {"t": 1.0, "ev": "memory", "own": 50 * GIB, "device": 52 * GIB, "total": 80 * GIB},
+        {"t": 2.0, "ev": "oom", "own_after": 50 * GIB},
+        {"t": 3.0, "ev": "memory", "own": 2 * GIB, "device": 4 * GIB, "total": 80 * GIB},
+    ]
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"t": 4.0, "ev": "mem')
+    read = read_journal(journal, "b")
+    assert read.ooms == 1
+    assert read.memory == [
+        MemoryMove(1.0, "b", 50 * GIB, 52 * GIB, 80 * GIB),
+        MemoryMove(3.0, "b", 2 * GIB, 4 * GIB, 80 * GIB),
+    ]

@@ -66,3 +66,21 @@ async def test_with_oom_wedges_every_later_wake_fails_until_a_restart(make_sim: 
     assert (await a.state())["wedged"] == ["wake_up"]
     a.engine.restart()
     assert not a.engine.is_sleeping and _engine_use(gpu, "a") == 50 * GIB
+
+
+def test_a_claim_takes_the_memory_only_when_the_others_leave_room(tmp_path: Path) -> None:
+    """What the chaos run's restarter does before it starts a simulator beside others: a vLLM that starts
+    takes its memory, or fails its startup check of free memory."""
+    from lifeguard_sim.memory import GpuMemory
+    from lifeguard_sim.shared_gpu import SharedGpuFile
+
+    gpu = tmp_path / "gpu.json"
+    awake = GpuMemory(**SIZES).snapshot()
+    asleep = {**awake, "used_bytes": 2 * GIB}
+    a, b = SharedGpuFile(gpu, "a", 80 * GIB), SharedGpuFile(gpu, "b", 80 * GIB)
+    assert a.claim(awake) == 50 * GIB
+    assert b.claim(awake) is None  # 50 + 50 > 80: nothing written
+    assert _document(gpu)["used_bytes"] == 50 * GIB and "b" not in _document(gpu)["engines"]  # type: ignore[operator]
+    assert a.publish(asleep) == 2 * GIB
+    assert b.claim(awake) == 52 * GIB
+    assert (_engine_use(gpu, "a"), _engine_use(gpu, "b")) == (2 * GIB, 50 * GIB)
