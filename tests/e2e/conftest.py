@@ -27,6 +27,13 @@ from proxy.app import create_app
 from proxy.config import Settings
 from proxy.seam import RawDataPlane
 
+#: Short rounds and deadlines for every proxy under test, single- or several-engine.
+TEST_TIMINGS: dict[str, Any] = {
+    "reconcile_interval_s": 0.2,
+    "verify_timeout_s": 1.0,
+    "verify_poll_interval_s": 0.01,
+    "hold_timeout_s": 10.0,
+}
 FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
 
 
@@ -170,10 +177,7 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
         values: dict[str, Any] = {
             "upstream": str(sim_server.make_url("")).rstrip("/"),
             "gpu_probe": f"file:{gpu_file}",
-            "reconcile_interval_s": 0.2,
-            "verify_timeout_s": 1.0,
-            "verify_poll_interval_s": 0.01,
-            "hold_timeout_s": 10.0,
+            **TEST_TIMINGS,
             **overrides,
         }
         settings = proxy_settings(**values)
@@ -274,10 +278,7 @@ def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Ca
         values: dict[str, Any] = {
             "engines": engines,
             "gpu_probe": f"file:{gpu_file}",
-            "reconcile_interval_s": 0.2,
-            "verify_timeout_s": 1.0,
-            "verify_poll_interval_s": 0.01,
-            "hold_timeout_s": 10.0,
+            **TEST_TIMINGS,
             **overrides,
         }
         settings = Settings(**values)
