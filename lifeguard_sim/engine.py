@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from lifeguard_sim import errors
 from lifeguard_sim.errors import EngineGone
@@ -157,6 +158,21 @@ class Engine:
                 write_gpu_file(self._gpu_file, snapshot)
             self._written = snapshot
 
+    def _reserve(self, added: int) -> bool:
+        """Take ``added`` bytes more on the shared device now, in the same locked step as the check that they
+        fit: vLLM allocates as it wakes, so another engine's claim during the wake's duration must find them
+        gone (seed 5 of the two-engine chaos run: a check, the wake's sleep, then the publish let a restart's
+        claim in between, 100 of 80 GiB). False: no room, nothing taken."""
+        assert self._shared is not None
+        used = self.memory.used_bytes + added
+        snapshot = self.memory.snapshot()
+        devices = cast(list[dict[str, object]], snapshot["devices"])
+        own = {**snapshot, "used_bytes": used, "devices": [{**device, "used_bytes": used} for device in devices]}
+        if self._shared.claim(own) is None:
+            return False
+        self._written = own
+        return True
+
     async def _move(self, move: Callable[[], bool]) -> None:
         """Real device memory moves off the event loop: vLLM's API server answers /health meanwhile."""
         if self.memory.blocking:
@@ -276,19 +292,18 @@ class Engine:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
                 # Executor.wake_up is all or nothing: one tag that is not asleep makes the call a no-op.
                 to_wake = wanted if wanted <= self.executor_tags else set()
-                if (
-                    to_wake
-                    and self._shared
-                    and not self._shared.fits(self.memory.used_bytes + self.memory.added_by(to_wake))
-                ):
+                if to_wake and self._shared and not self._reserve(self.memory.added_by(to_wake)):
                     if self.settings.oom_wedges:  # as in the field report: every later wake fails too
                         self.wedged.add("wake_up")
                     raise errors.out_of_memory("wake_up")  # the device is full: vLLM's OOM, and the engine stays asleep
                 if to_wake:
-                    await asyncio.sleep(self.settings.wake_seconds)
-                    self.executor_tags -= to_wake
-                    if fired.kind != "lie-memory":
-                        await self._move(lambda: self.memory.restore(to_wake))
+                    try:
+                        await asyncio.sleep(self.settings.wake_seconds)
+                        self.executor_tags -= to_wake
+                        if fired.kind != "lie-memory":
+                            await self._move(lambda: self.memory.restore(to_wake))
+                    finally:
+                        self.publish()  # a wake cut short (or a lying one) gives back what it reserved
                 if not self.executor_tags:
                     self.sleep_level = None
                     self.scheduling_asleep = False

@@ -3,8 +3,10 @@ own use under ``engines`` and the device's use the sum of them, so the proxy rea
 would read NVML and each engine's share where it verifies that engine.
 
 A wake that would take the device past its total fails as vLLM's does (500 ``CUDA Error: out of memory``)
-and leaves the engine asleep. Simulators in separate processes update the file under an exclusive
-``flock`` on ``PATH.lock``, each read-modify-write done without yielding.
+and leaves the engine asleep; one that fits takes its memory in the same locked step as that check
+(``claim``), before the wake's duration, as vLLM allocates while it wakes. Simulators in separate
+processes update the file under an exclusive ``flock`` on ``PATH.lock``, each read-modify-write done
+without yielding.
 """
 
 from __future__ import annotations
@@ -26,14 +28,6 @@ class SharedGpuFile:
         self._engine = engine
         self._total = total_bytes
 
-    def others_use(self) -> int:
-        """Bytes the other engines on the device use now."""
-        with self._locked():
-            return self._others(self._read())
-
-    def fits(self, own_bytes_after: int) -> bool:
-        return self.others_use() + own_bytes_after <= self._total
-
     def publish(self, own: dict[str, Any]) -> int:
         """Write this engine's use (``own``: its ``snapshot()``) and the device's new sum; returns that sum."""
         with self._locked():
@@ -41,8 +35,8 @@ class SharedGpuFile:
 
     def claim(self, own: dict[str, Any]) -> int | None:
         """Publish ``own`` only if the other engines leave room for it, in one locked step (a vLLM starting
-        beside others takes its memory, or fails its startup check of free memory): the device's new sum,
-        or None when there was no room."""
+        beside others takes its memory, or fails its startup check of free memory; a wake allocates what it
+        maps back): the device's new sum, or None when there was no room."""
         with self._locked():
             document = self._read()
             if self._others(document) + int(own["used_bytes"]) > self._total:

@@ -115,21 +115,23 @@ def instrument(engine: Engine, journal: Journal) -> None:
 
     shared = engine._shared  # the shared GPU file (--gpu-file-engine), or None
     if shared is not None:
-        publish, fits = shared.publish, shared.fits
+        publish, claim = shared.publish, shared.claim
 
         def journaled_publish(own: dict[str, Any]) -> int:
             device = publish(own)
             journal.write("memory", own=int(own["used_bytes"]), device=device, total=int(own["total_bytes"]))
             return device
 
-        def journaled_fits(own_bytes_after: int) -> bool:
-            room = fits(own_bytes_after)
-            if not room:
-                journal.write("oom", own_after=own_bytes_after)
-            return room
+        def journaled_claim(own: dict[str, Any]) -> int | None:
+            device = claim(own)
+            if device is None:
+                journal.write("oom", own_after=int(own["used_bytes"]))
+            else:
+                journal.write("memory", own=int(own["used_bytes"]), device=device, total=int(own["total_bytes"]))
+            return device
 
         shared.publish = journaled_publish  # type: ignore[method-assign]
-        shared.fits = journaled_fits  # type: ignore[method-assign]
+        shared.claim = journaled_claim  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

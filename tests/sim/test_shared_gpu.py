@@ -3,8 +3,10 @@ wake that does not fit fails as vLLM's does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 from sim.conftest import SimFactory
 
@@ -84,3 +86,39 @@ def test_a_claim_takes_the_memory_only_when_the_others_leave_room(tmp_path: Path
     assert a.publish(asleep) == 2 * GIB
     assert b.claim(awake) == 52 * GIB
     assert (_engine_use(gpu, "a"), _engine_use(gpu, "b")) == (2 * GIB, 50 * GIB)
+
+
+async def test_two_wakes_at_once_on_a_full_device_take_their_memory_in_the_locked_check(
+    make_sim: SimFactory, tmp_path: Path
+) -> None:
+    """Two-engine chaos run, seed 5 (100 of 80 GiB): the wake checked the file, slept its duration, then
+    published, so another engine's claim or wake landed between the check and the allocation and both got
+    in. A wake now takes its memory in the same locked step as the check: of two wakes that overlap, one
+    runs out of memory, and the device never holds more than its total."""
+    gpu = tmp_path / "gpu.json"
+    slow = {**SIZES, "wake_seconds": 0.5}
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **slow)
+    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **slow)
+    await a.api.sleep(1)
+    await b.api.sleep(1)
+    sums: list[int] = []  # the device's sum at every write of either engine
+    for sim in (a, b):
+        shared = sim.engine._shared
+        assert shared is not None
+        publish, claim = shared.publish, shared.claim
+
+        def published(own: dict[str, Any], publish: Any = publish) -> int:
+            sums.append(publish(own))
+            return sums[-1]
+
+        def claimed(own: dict[str, Any], claim: Any = claim) -> int | None:
+            device: int | None = claim(own)
+            sums.extend([device] if device is not None else [])
+            return device
+
+        shared.publish, shared.claim = published, claimed  # type: ignore[method-assign]
+    # Both checks land inside the other's 0.5 s wake: neither has published when the other checks.
+    statuses = sorted(r.status for r in await asyncio.gather(a.api.wake(), b.api.wake()))
+    assert statuses == [200, 500]
+    assert _document(gpu)["used_bytes"] == 52 * GIB
+    assert sums and max(sums) <= 80 * GIB
