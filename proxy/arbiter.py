@@ -4,11 +4,13 @@
 * Wakes are serialized per GPU: a wake, a weight load (`collective_rpc`, the weight-update phases) or a KV
   cache release of an engine holds a lock on each of its GPUs (taken in index order, with the lifecycle
   queue deadline), so two never run at once on one GPU (vLLM #36753: two wakes at once run out of memory).
-* Memory admission before a wake: `swap_rules.plan_room` says whether the engine's footprint fits in its
-  GPUs' free memory; if not, the least recently used awake engine there that may sleep is put to sleep
-  through its own coordinator (verified as any sleep; drained first when `drain_before_sleep_s` is set),
-  and the plan is made again. What cannot fit is refused with 503 `insufficient_gpu_memory`, and the
-  engine's held requests get that answer at once: nothing is woken into an out-of-memory.
+* Memory admission before a wake: `swap_rules.plan_room` says whether what the wake adds (`wake_need`:
+  nothing from level 0, the rest after a partial wake, else the footprint) fits in its GPUs' free memory;
+  if not, the least recently used engine there that holds its memory and may sleep (awake, paused, or
+  asleep at level 0: woken first, which adds nothing) is put to sleep through its own coordinator
+  (verified as any sleep; drained first when `drain_before_sleep_s` is set), and the plan is made again.
+  What cannot fit is refused with 503 `insufficient_gpu_memory`, and the engine's held requests get that
+  answer at once: nothing is woken into an out-of-memory.
 * An engine this arbiter put to sleep at level 2 (`swap_sleep_level: 2`) gets its weights reloaded
   (`collective_rpc reload_weights`) and its prefix cache reset right after its wake, before a request runs.
 
@@ -35,9 +37,9 @@ from .gate import RequestGate
 from .gpu import GpuMemoryReader, GpuReading
 from .metrics import SwapMetrics
 from .outcome import Outcome
-from .rules import Staleness
+from .rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from .states import State
-from .swap_rules import GIB, Evict, Fits, Neighbour, free_per_gpu, plan_room
+from .swap_rules import GIB, Evict, Fits, Neighbour, free_per_gpu, plan_room, residency, wake_need
 
 log = logging.getLogger("lifeguard.arbiter")
 
@@ -139,11 +141,12 @@ class Arbiter:
             if slot.coordinator.state is not State.SLEEPING:
                 return await submit(call)  # the coordinator judges it: a no-op or a refusal
             started = time.monotonic()
+            from_full_sleep = slot.coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
             try:
-                await self._make_room(slot)
+                await self._make_room(slot, call)
                 before = await self._gpu.read()
                 outcome = await submit(call)
-                await self._after_wake(slot, before)
+                await self._after_wake(slot, before, measure=from_full_sleep)
             except LifeguardError as exc:
                 no_room = isinstance(exc, InsufficientGpuMemory)
                 self._metrics.swap_finished(name, "no_room" if no_room else "failed", time.monotonic() - started)
@@ -158,12 +161,12 @@ class Arbiter:
             self._metrics.swap_finished(name, "ok", time.monotonic() - started)
             return outcome
 
-    async def _make_room(self, slot: _Slot) -> None:
+    async def _make_room(self, slot: _Slot, call: LifecycleCall) -> None:
         name, gpus = slot.config.name, slot.config.gpus
         tried: set[str] = set()
         refused: list[str] = []
         while True:
-            need = self.footprint(name)
+            need = await self._wake_need(slot, call)
             free = free_per_gpu(await self._gpu.read(), gpus)
             plan = plan_room(
                 gpus, need, free, list(self._neighbours(name, tried)), may_drain=self._settings.drain_before_sleep_s > 0
@@ -186,6 +189,10 @@ class Arbiter:
         level = victim.config.swap_sleep_level
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
         try:
+            if victim.coordinator.record.asleep_tags == {"scheduling"}:
+                # Asleep at level 0 it holds all its memory, and a sleep at another level is refused until it
+                # wakes; the wake adds nothing (this GPU's lock is held: no other wake runs meanwhile).
+                await victim.coordinator.submit_unguarded(LifecycleCall("wake_up", ()))
             await victim.coordinator.submit_unguarded(call)
         except LifeguardError as exc:  # planned again without it; the wake goes on only if the rest fits
             log.warning(
@@ -210,11 +217,12 @@ class Arbiter:
         )
         return True
 
-    async def _after_wake(self, slot: _Slot, before: GpuReading) -> None:
+    async def _after_wake(self, slot: _Slot, before: GpuReading, *, measure: bool) -> None:
         coordinator = slot.coordinator
         if coordinator.state in _NOT_AWAKE:
             return  # a partial wake: nothing to measure or reload yet
-        if slot.config.footprint_gib is None and slot.measured_bytes is None:
+        # Only a wake from a full sleep adds the footprint; one from level 0 or a partial wake adds a part.
+        if measure and slot.config.footprint_gib is None and slot.measured_bytes is None:
             after = await self._gpu.read()
             grown = _used_on(after, slot.config.gpus) - _used_on(before, slot.config.gpus)
             if before.available and after.available and grown > 0:
@@ -238,6 +246,23 @@ class Arbiter:
             return None
         return slot.measured_bytes or slot.coordinator.verifier.awake_footprint
 
+    async def _wake_need(self, slot: _Slot, call: LifecycleCall) -> int | None:
+        view = slot.coordinator.record.view()
+        wakes = wake_targets(call, view)
+        resident = awake = None
+        if wakes and not view.asleep_tags >= ALL_SLEEP_TAGS and view.asleep_tags != {"scheduling"}:
+            # Partly awake: what it holds now (its own reading; None with NVML's device totals) against what
+            # it takes awake.
+            reading = await slot.coordinator.verifier.read_memory()
+            resident = reading.used_bytes if reading.available else None
+            config = slot.config
+            awake = (
+                int(config.footprint_gib * GIB) if config.footprint_gib else slot.coordinator.verifier.awake_footprint
+            )
+        return wake_need(
+            self.footprint(slot.config.name), view.asleep_tags, wakes, awake_bytes=awake, resident=resident
+        )
+
     def _neighbours(self, name: str, tried: set[str]) -> Iterator[Neighbour]:
         for other in self._slots.values():
             if other.config.name == name:
@@ -246,7 +271,7 @@ class Arbiter:
             yield Neighbour(
                 name=other.config.name,
                 gpus=other.config.gpus,
-                awake=coordinator.state is State.RUNNING,
+                residency=residency(coordinator.state, coordinator.record.asleep_tags),
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
                 busy=coordinator.record.weight_update_active or other.config.name in tried,

@@ -3,16 +3,55 @@ which awake engine is put to sleep first.
 
 The arbiter (proxy/arbiter.py) reads the GPUs, asks `plan_room`, acts on the answer (one verified sleep),
 reads again and asks again, until the engine fits or nothing more can be put to sleep.
+
+What an engine holds is its `Residency`, not its state: asleep at level 0, paused or partly awake, it
+keeps its memory on the device (found by the two-engine chaos run: such a neighbour was neither counted
+nor put to sleep, and a wake went into vLLM's out of memory). And a wake asks for what is not resident
+yet (`wake_need`): from level 0 nothing (a wake of it asked for the whole footprint and was refused).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .gpu import GpuReading
+from .rules import ALL_SLEEP_TAGS
+from .states import State
 
 GIB = 1 << 30
+
+
+class Residency(enum.Enum):
+    """What an engine holds on its GPUs, and whether a sleep at level 1 or 2 can give it back."""
+
+    AWAKE = "awake"  # RUNNING or PAUSED: everything, and a sleep frees it
+    ASLEEP_LEVEL_0 = (
+        "asleep_level_0"  # only the scheduler sleeps: everything; a wake adds nothing, then a sleep frees it
+    )
+    CHANGING = "changing"  # in a lifecycle call or a weight update: everything, until that call ends
+    PARTLY_AWAKE = "partly_awake"  # some tags woken: those; vLLM's /sleep is a no-op until the rest are awake
+    ASLEEP = "asleep"  # level 1 or 2: only what a sleep leaves
+    GONE = "gone"  # STARTING or FAILED: nothing known (a dead process's memory is freed by the driver)
+
+
+def residency(state: State, asleep_tags: frozenset[str]) -> Residency:
+    if state in (State.STARTING, State.FAILED):
+        return Residency.GONE
+    if state is State.SLEEPING:
+        if asleep_tags == {"scheduling"}:
+            return Residency.ASLEEP_LEVEL_0
+        return Residency.ASLEEP if asleep_tags >= ALL_SLEEP_TAGS else Residency.PARTLY_AWAKE
+    if state in (State.RUNNING, State.PAUSED) and not asleep_tags:
+        return Residency.AWAKE
+    return Residency.CHANGING
+
+
+#: Residencies that hold (about) an awake footprint, or an unknown part of it.
+HOLDING = frozenset({Residency.AWAKE, Residency.ASLEEP_LEVEL_0, Residency.CHANGING, Residency.PARTLY_AWAKE})
+#: Residencies a sleep at level 1 or 2 frees, without taking more memory first.
+SLEEPABLE = frozenset({Residency.AWAKE, Residency.ASLEEP_LEVEL_0})
 
 
 @dataclass(frozen=True)
@@ -21,13 +60,38 @@ class Neighbour:
 
     name: str
     gpus: tuple[int, ...]
-    awake: bool  # RUNNING: its memory is taken and a sleep gives it back
+    residency: Residency
     pinned: bool
     busy: bool  # a weight-update session of its own is open, or it already failed to sleep for this plan
     inflight: int
     held: int
     last_used: float  # monotonic time of its last request
     footprint_bytes: int | None
+
+    @property
+    def holds_memory(self) -> bool:
+        return self.residency in HOLDING
+
+
+def wake_need(
+    footprint: int | None,
+    asleep_tags: frozenset[str],
+    wakes: frozenset[str],
+    *,
+    awake_bytes: int | None,
+    resident: int | None,
+) -> int | None:
+    """Bytes a wake of the tags `wakes` adds to the GPUs of an engine with `asleep_tags` asleep. From a
+    level-0 sleep nothing (every byte stayed); from a full sleep its `footprint` (what it adds awake); from
+    a partial wake, what it takes awake (`awake_bytes`) above what it holds now (`resident`, its own
+    memory reading), or its whole footprint when either is not known. None: the footprint is not known."""
+    if asleep_tags == {"scheduling"} or not wakes:
+        return 0
+    if footprint is None:
+        return None
+    if asleep_tags >= ALL_SLEEP_TAGS or awake_bytes is None or resident is None:
+        return footprint
+    return max(awake_bytes - resident, 0)
 
 
 @dataclass(frozen=True)
@@ -66,14 +130,14 @@ def free_per_gpu(reading: GpuReading, gpus: Iterable[int]) -> dict[int, int] | N
 
 
 def eviction_order(gpus: tuple[int, ...], neighbours: Iterable[Neighbour], *, may_drain: bool) -> list[Neighbour]:
-    """The engines that may be put to sleep to make room on `gpus`, least recently used first. Never a pinned
-    one, one in a weight update, one with held requests, nor (unless requests may be drained first)
-    one with requests in flight; those with requests in flight come last."""
+    """The engines that may be put to sleep to make room on `gpus`, least recently used first: awake or
+    asleep at level 0. Never a pinned one, one in a weight update, one with held requests, nor (unless
+    requests may be drained first) one with requests in flight; those with requests in flight come last."""
     shared = set(gpus)
     eligible = [
         n
         for n in neighbours
-        if n.awake
+        if n.residency in SLEEPABLE
         and not n.pinned
         and not n.busy
         and n.held == 0
@@ -91,20 +155,23 @@ def plan_room(
     *,
     may_drain: bool,
 ) -> Plan:
-    """What to do before waking an engine on `gpus` that takes `need_bytes` awake (over all its GPUs; None:
-    not known yet). Unknown need or unknown free memory: every engine that may sleep does, first."""
+    """What to do before a wake on `gpus` that adds `need_bytes` (over all its GPUs, `wake_need`; None: not
+    known yet). Unknown need or unknown free memory: every engine that may sleep does, first."""
+    if need_bytes == 0:
+        return Fits()
     neighbours = list(neighbours)
     order = eviction_order(gpus, neighbours, may_drain=may_drain)
     if need_bytes is None or free is None:
         if order:
             return Evict(order[0].name)
-        # Nothing can say it fits beside an engine that stays awake: refused rather than woken into an OOM.
-        staying = sorted(n.name for n in neighbours if n.awake and set(gpus) & set(n.gpus))
+        # Nothing can say it fits beside an engine that keeps its memory (awake, asleep at level 0, paused,
+        # partly awake): refused rather than woken into an OOM.
+        staying = sorted(n.name for n in neighbours if n.holds_memory and set(gpus) & set(n.gpus))
         if staying:
             unknown = "its footprint" if need_bytes is None else "the GPUs' free memory"
             return NoRoom(
-                f"{unknown} is not known, and {', '.join(staying)} on the same GPU cannot be put to sleep "
-                "(pinned, busy or serving)"
+                f"{unknown} is not known, and {', '.join(staying)} on the same GPU keeps its memory and cannot "
+                "be put to sleep (pinned, busy, serving or partly awake)"
             )
         return Fits()
     per_gpu = need_bytes / len(gpus)
@@ -115,7 +182,7 @@ def plan_room(
     if not order:
         return NoRoom(
             f"it needs {_gib(per_gpu)} on GPU {worst}, {_gib(free.get(worst, 0))} is free, and no engine there "
-            "may be put to sleep (pinned, busy or serving)"
+            "may be put to sleep (pinned, busy, serving or partly awake)"
         )
     if all(n.footprint_bytes is not None for n in order):
         for g, missing in short.items():

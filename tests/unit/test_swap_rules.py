@@ -8,10 +8,33 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.gpu import DeviceMemory, GpuReading
-from proxy.swap_rules import GIB, Evict, Fits, Neighbour, NoRoom, eviction_order, free_per_gpu, plan_room
+from proxy.rules import ALL_SLEEP_TAGS
+from proxy.states import State
+from proxy.swap_rules import (
+    GIB,
+    SLEEPABLE,
+    Evict,
+    Fits,
+    Neighbour,
+    NoRoom,
+    Residency,
+    eviction_order,
+    free_per_gpu,
+    plan_room,
+    residency,
+    wake_need,
+)
 
 IDLE = Neighbour(
-    name="x", gpus=(0,), awake=True, pinned=False, busy=False, inflight=0, held=0, last_used=0.0, footprint_bytes=None
+    name="x",
+    gpus=(0,),
+    residency=Residency.AWAKE,
+    pinned=False,
+    busy=False,
+    inflight=0,
+    held=0,
+    last_used=0.0,
+    footprint_bytes=None,
 )
 
 
@@ -33,7 +56,7 @@ def test_least_recently_used_first_and_never_pinned_busy_held_or_elsewhere() -> 
         _n("pinned", pinned=True),
         _n("busy", busy=True),
         _n("holding", held=2),
-        _n("asleep", awake=False),
+        _n("asleep", residency=Residency.ASLEEP),
         _n("other-gpu", gpus=(1,)),
         _n("serving", inflight=1),
     ]
@@ -80,7 +103,7 @@ neighbours_strategy = st.lists(
         Neighbour,
         name=st.sampled_from("abcdefgh"),
         gpus=st.sampled_from([(0,), (1,), (0, 1)]),
-        awake=st.booleans(),
+        residency=st.sampled_from(Residency),
         pinned=st.booleans(),
         busy=st.booleans(),
         inflight=st.integers(0, 2),
@@ -107,13 +130,14 @@ def test_a_plan_never_picks_an_engine_it_must_not_and_never_calls_a_shortfall_a_
     plan = plan_room(gpus, need, free_bytes, neighbours, may_drain=may_drain)
     if isinstance(plan, Evict):
         victim = next(n for n in neighbours if n.name == plan.victim)
-        assert victim.awake and not victim.pinned and not victim.busy and victim.held == 0
+        assert victim.residency in SLEEPABLE and not victim.pinned and not victim.busy and victim.held == 0
         assert set(victim.gpus) & set(gpus)
         assert victim.inflight == 0 or may_drain
     if isinstance(plan, Fits) and need is not None and free_bytes is not None:
         assert all(free_bytes[g] >= need / len(gpus) for g in gpus)
     if isinstance(plan, Fits) and (need is None or free_bytes is None):
         assert eviction_order(gpus, neighbours, may_drain=may_drain) == []  # nobody left who could sleep
+        assert not any(n.holds_memory and set(n.gpus) & set(gpus) for n in neighbours)  # nor keeps memory
 
 
 def test_unknown_memory_beside_an_engine_that_stays_awake_is_refused_not_woken() -> None:
@@ -125,4 +149,71 @@ def test_unknown_memory_beside_an_engine_that_stays_awake_is_refused_not_woken()
         plan = plan_room((0,), None, {0: 70 * GIB}, [staying], may_drain=False)
         assert isinstance(plan, NoRoom) and "footprint" in plan.why
     # Asleep, or on another GPU: nothing stays awake beside it.
-    assert plan_room((0,), None, None, [_n("a", awake=False), _n("b", gpus=(1,))], may_drain=False) == Fits()
+    assert (
+        plan_room((0,), None, None, [_n("a", residency=Residency.ASLEEP), _n("b", gpus=(1,))], may_drain=False)
+        == Fits()
+    )
+
+
+# --- found by the two-engine chaos run (docs/reliability.md): what a neighbour holds is not its state
+
+
+def test_what_an_engine_holds_follows_its_tags_not_only_its_state() -> None:
+    scheduling = frozenset({"scheduling"})
+    assert residency(State.RUNNING, frozenset()) is Residency.AWAKE
+    assert residency(State.PAUSED, frozenset()) is Residency.AWAKE
+    assert residency(State.SLEEPING, scheduling) is Residency.ASLEEP_LEVEL_0
+    assert residency(State.SLEEPING, ALL_SLEEP_TAGS) is Residency.ASLEEP
+    assert residency(State.SLEEPING, frozenset({"kv_cache"})) is Residency.PARTLY_AWAKE  # weights woken
+    assert residency(State.SLEEPING, frozenset({"weights"})) is Residency.PARTLY_AWAKE
+    for changing in (State.FALLING_ASLEEP, State.WAKING, State.PAUSING, State.RESUMING, State.UPDATING_WEIGHTS):
+        assert residency(changing, frozenset()) is Residency.CHANGING
+    assert residency(State.FAILED, frozenset()) is Residency.GONE
+    assert residency(State.STARTING, ALL_SLEEP_TAGS) is Residency.GONE
+
+
+def test_a_neighbour_asleep_at_level_0_or_paused_is_put_to_a_real_sleep_first() -> None:
+    """Seed 11: `b` asleep at level 0 kept its 50 GiB; not RUNNING, it was neither put to sleep nor counted."""
+    for holding in (Residency.ASLEEP_LEVEL_0, Residency.AWAKE):
+        neighbour = _n("b", residency=holding, footprint_bytes=50 * GIB)
+        assert plan_room((0,), None, {0: 28 * GIB}, [neighbour], may_drain=False) == Evict("b")
+        assert plan_room((0,), 48 * GIB, {0: 28 * GIB}, [neighbour], may_drain=False) == Evict("b")
+    assert plan_room((0,), None, {0: 78 * GIB}, [_n("b", residency=Residency.ASLEEP)], may_drain=False) == Fits()
+
+
+def test_a_neighbour_that_keeps_its_memory_and_cannot_sleep_refuses_an_unknown_need() -> None:
+    """Partly awake (vLLM's /sleep is a no-op until every tag is awake), in a lifecycle call, or asleep at
+    level 0 but pinned: it keeps its memory, and nothing says the wake fits beside it."""
+    for staying in (
+        _n("b", residency=Residency.PARTLY_AWAKE),
+        _n("b", residency=Residency.CHANGING),
+        _n("b", residency=Residency.ASLEEP_LEVEL_0, pinned=True),
+        _n("b", residency=Residency.ASLEEP_LEVEL_0, held=1),
+    ):
+        plan = plan_room((0,), None, {0: 46 * GIB}, [staying], may_drain=False)
+        assert isinstance(plan, NoRoom) and "b" in plan.why, staying
+        plan = plan_room((0,), 48 * GIB, {0: 28 * GIB}, [staying], may_drain=False)
+        assert isinstance(plan, NoRoom), staying
+    # Known numbers that fit beside it: woken (the GPUs' free memory already counts what it holds).
+    assert plan_room((0,), 20 * GIB, {0: 28 * GIB}, [_n("b", residency=Residency.PARTLY_AWAKE)], may_drain=False) == (
+        Fits()
+    )
+
+
+def test_a_wake_needs_only_what_is_not_resident_yet() -> None:
+    """Seed 11: a wake from level 0 (or of the weights after a kv_cache-only wake) was asked for the whole
+    footprint and refused beside a pinned neighbour, though it adds nothing (or only the rest)."""
+    scheduling, kv_only = frozenset({"scheduling"}), frozenset({"kv_cache"})
+    weights = frozenset({"weights"})
+    assert wake_need(50 * GIB, scheduling, scheduling, awake_bytes=None, resident=None) == 0
+    assert wake_need(None, scheduling, scheduling, awake_bytes=None, resident=None) == 0  # unknown footprint too
+    assert wake_need(48 * GIB, ALL_SLEEP_TAGS, ALL_SLEEP_TAGS, awake_bytes=50 * GIB, resident=2 * GIB) == 48 * GIB
+    assert wake_need(None, ALL_SLEEP_TAGS, ALL_SLEEP_TAGS, awake_bytes=None, resident=None) is None
+    # The weights asleep, the KV cache awake (34 of 50 GiB resident): 16 GiB to come.
+    assert wake_need(48 * GIB, weights, weights, awake_bytes=50 * GIB, resident=34 * GIB) == 16 * GIB
+    # Not knowing what it holds or takes awake (NVML's device totals): the whole footprint, conservatively.
+    assert wake_need(48 * GIB, kv_only, kv_only, awake_bytes=None, resident=18 * GIB) == 48 * GIB
+    assert wake_need(48 * GIB, kv_only, kv_only, awake_bytes=50 * GIB, resident=None) == 48 * GIB
+    assert wake_need(48 * GIB, weights, frozenset(), awake_bytes=None, resident=None) == 0  # wakes nothing
+    # A need of nothing fits beside anyone, even with the GPUs unreadable.
+    assert plan_room((0,), 0, None, [_n("a", pinned=True)], may_drain=False) == Fits()
