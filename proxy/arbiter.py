@@ -39,7 +39,7 @@ from .metrics import SwapMetrics
 from .outcome import Outcome
 from .rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from .states import State
-from .swap_rules import GIB, Evict, Fits, Neighbour, free_per_gpu, plan_room, residency, wake_need
+from .swap_rules import GIB, Evict, Fits, Neighbour, Residency, free_per_gpu, plan_room, residency, wake_need
 
 log = logging.getLogger("lifeguard.arbiter")
 
@@ -188,19 +188,31 @@ class Arbiter:
     async def _put_to_sleep(self, victim: _Slot, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
-        try:
-            if victim.coordinator.record.asleep_tags == {"scheduling"}:
-                # Asleep at level 0 it holds all its memory, and a sleep at another level is refused until it
-                # wakes; the wake adds nothing (this GPU's lock is held: no other wake runs meanwhile).
-                await victim.coordinator.submit_unguarded(LifecycleCall("wake_up", ()))
-            await victim.coordinator.submit_unguarded(call)
-        except LifeguardError as exc:  # planned again without it; the wake goes on only if the rest fits
+        coordinator = victim.coordinator
+        failure: LifeguardError | None = None
+        # Twice at most: a trainer's level-0 sleep may land between the plan and this sleep (chaos seed 11).
+        for _ in range(2):
+            try:
+                if coordinator.record.asleep_tags == {"scheduling"}:
+                    # Asleep at level 0 it holds all its memory, and a sleep at another level is refused until
+                    # it wakes; the wake adds nothing (this GPU's lock is held: no other wake runs meanwhile).
+                    await coordinator.submit_unguarded(LifecycleCall("wake_up", ()))
+                await coordinator.submit_unguarded(call)
+                failure = None
+            except LifeguardError as exc:
+                failure = exc
+            if failure is None or coordinator.record.asleep_tags != {"scheduling"}:
+                break
+        if failure is not None:
+            if _residency(coordinator) is Residency.ASLEEP:
+                return True  # asleep meanwhile by its trainer's own sleep: the room is there, its weights its own
+            # Planned again without it; the wake goes on only if the rest fits.
             log.warning(
                 "could not put %s to sleep to make room for %s: %s",
                 victim.config.name,
                 for_engine,
-                exc.message,
-                extra={"event": "swap_out_failed", "engine": victim.config.name, "reason": exc.reason},
+                failure.message,
+                extra={"event": "swap_out_failed", "engine": victim.config.name, "reason": failure.reason},
             )
             return False
         victim.reload_on_wake = level == 2
@@ -249,16 +261,13 @@ class Arbiter:
     async def _wake_need(self, slot: _Slot, call: LifecycleCall) -> int | None:
         view = slot.coordinator.record.view()
         wakes = wake_targets(call, view)
-        resident = awake = None
-        if wakes and not view.asleep_tags >= ALL_SLEEP_TAGS and view.asleep_tags != {"scheduling"}:
-            # Partly awake: what it holds now (its own reading; None with NVML's device totals) against what
-            # it takes awake.
+        resident = None
+        if wakes and view.asleep_tags != {"scheduling"}:
+            # Its own reading (the simulator's file has one per engine; NVML's device totals do not).
             reading = await slot.coordinator.verifier.read_memory()
             resident = reading.used_bytes if reading.available else None
-            config = slot.config
-            awake = (
-                int(config.footprint_gib * GIB) if config.footprint_gib else slot.coordinator.verifier.awake_footprint
-            )
+        footprint_gib = slot.config.footprint_gib
+        awake = int(footprint_gib * GIB) if footprint_gib is not None else slot.coordinator.verifier.awake_footprint
         return wake_need(
             self.footprint(slot.config.name), view.asleep_tags, wakes, awake_bytes=awake, resident=resident
         )
@@ -271,7 +280,7 @@ class Arbiter:
             yield Neighbour(
                 name=other.config.name,
                 gpus=other.config.gpus,
-                residency=residency(coordinator.state, coordinator.record.asleep_tags),
+                residency=_residency(coordinator),
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
                 busy=coordinator.record.weight_update_active or other.config.name in tried,
@@ -337,6 +346,11 @@ class Arbiter:
                 for t in self._turns
             ],
         }
+
+
+def _residency(coordinator: LifecycleCoordinator) -> Residency:
+    view = coordinator.record.view()
+    return residency(coordinator.state, view.asleep_tags, unconfirmed=view.sleep_unconfirmed)
 
 
 def _used_on(reading: GpuReading, gpus: tuple[int, ...]) -> int:

@@ -33,23 +33,30 @@ class Residency(enum.Enum):
     CHANGING = "changing"  # in a lifecycle call or a weight update: everything, until that call ends
     PARTLY_AWAKE = "partly_awake"  # some tags woken: those; vLLM's /sleep is a no-op until the rest are awake
     ASLEEP = "asleep"  # level 1 or 2: only what a sleep leaves
-    GONE = "gone"  # STARTING or FAILED: nothing known (a dead process's memory is freed by the driver)
+    # Asleep by vLLM's flags, but the GPUs showed nothing freed (a sleep that lied): maybe everything. vLLM's
+    # /sleep does nothing to an executor that is asleep already: only a wake, then a sleep, would free it.
+    ASLEEP_UNCONFIRMED = "asleep_unconfirmed"
+    # STARTING or FAILED: a failed vLLM may hold all its memory, a starting one takes it; never put to sleep
+    UNKNOWN = "unknown"
 
 
-def residency(state: State, asleep_tags: frozenset[str]) -> Residency:
+def residency(state: State, asleep_tags: frozenset[str], *, unconfirmed: bool = False) -> Residency:
+    """`unconfirmed`: the record's `sleep_unconfirmed` (rules.EngineView)."""
     if state in (State.STARTING, State.FAILED):
-        return Residency.GONE
+        return Residency.UNKNOWN
     if state is State.SLEEPING:
         if asleep_tags == {"scheduling"}:
             return Residency.ASLEEP_LEVEL_0
-        return Residency.ASLEEP if asleep_tags >= ALL_SLEEP_TAGS else Residency.PARTLY_AWAKE
+        if asleep_tags >= ALL_SLEEP_TAGS:
+            return Residency.ASLEEP_UNCONFIRMED if unconfirmed else Residency.ASLEEP
+        return Residency.PARTLY_AWAKE
     if state in (State.RUNNING, State.PAUSED) and not asleep_tags:
         return Residency.AWAKE
     return Residency.CHANGING
 
 
 #: Residencies that hold (about) an awake footprint, or an unknown part of it.
-HOLDING = frozenset({Residency.AWAKE, Residency.ASLEEP_LEVEL_0, Residency.CHANGING, Residency.PARTLY_AWAKE})
+HOLDING = frozenset(Residency) - {Residency.ASLEEP}
 #: Residencies a sleep at level 1 or 2 frees, without taking more memory first.
 SLEEPABLE = frozenset({Residency.AWAKE, Residency.ASLEEP_LEVEL_0})
 
@@ -82,16 +89,14 @@ def wake_need(
     resident: int | None,
 ) -> int | None:
     """Bytes a wake of the tags `wakes` adds to the GPUs of an engine with `asleep_tags` asleep. From a
-    level-0 sleep nothing (every byte stayed); from a full sleep its `footprint` (what it adds awake); from
-    a partial wake, what it takes awake (`awake_bytes`) above what it holds now (`resident`, its own
-    memory reading), or its whole footprint when either is not known. None: the footprint is not known."""
+    level-0 sleep nothing (every byte stayed). Otherwise what it takes awake (`awake_bytes`) above what it
+    holds now (`resident`, its own memory reading): the rest after a partial wake, nothing after a sleep
+    that freed nothing. Where either is not known, its whole `footprint` (None: not known either)."""
     if asleep_tags == {"scheduling"} or not wakes:
         return 0
-    if footprint is None:
-        return None
-    if asleep_tags >= ALL_SLEEP_TAGS or awake_bytes is None or resident is None:
-        return footprint
-    return max(awake_bytes - resident, 0)
+    if awake_bytes is not None and resident is not None:
+        return max(awake_bytes - resident, 0)
+    return footprint
 
 
 @dataclass(frozen=True)
@@ -165,13 +170,13 @@ def plan_room(
         if order:
             return Evict(order[0].name)
         # Nothing can say it fits beside an engine that keeps its memory (awake, asleep at level 0, paused,
-        # partly awake): refused rather than woken into an OOM.
+        # partly awake, failed): refused rather than woken into an OOM.
         staying = sorted(n.name for n in neighbours if n.holds_memory and set(gpus) & set(n.gpus))
         if staying:
             unknown = "its footprint" if need_bytes is None else "the GPUs' free memory"
             return NoRoom(
                 f"{unknown} is not known, and {', '.join(staying)} on the same GPU keeps its memory and cannot "
-                "be put to sleep (pinned, busy, serving or partly awake)"
+                "be put to sleep (pinned, busy, serving, partly awake or failed)"
             )
         return Fits()
     per_gpu = need_bytes / len(gpus)

@@ -13,6 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.conftest import GIB, MEDIUM, EnginesStack
 from lifeguard_sim.engine import Engine
+from proxy.calls import LifecycleCall
+from proxy.engines import ENGINE_APPS
+from proxy.handlers import COORDINATOR
+from proxy.outcome import Outcome
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
 TOTAL = 80 * GIB
@@ -404,4 +408,63 @@ async def test_a_partial_wake_asks_only_for_the_rest(make_engines: MakeEngines) 
     resp = await stack.completion("model-a")
     assert resp.status == 200, await resp.text()
     assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
+    assert stack.device_used() <= TOTAL and stack.violations() == {}
+
+
+async def test_a_failed_neighbour_keeps_its_memory_in_the_books(make_engines: MakeEngines) -> None:
+    """Chaos seed 11 (after the two fixes above): b's wake failed its canary, b FAILED with its 50 GiB on
+    the device; a's footprint unknown, admission saw nobody keeping memory and woke a into vLLM's out of
+    memory, 68 times. A failed or starting engine may hold everything: refused instead."""
+    stack = await make_engines(asleep=("a", "b"))
+    stack.sim("a").set_faults(["wake_up:garbage"])
+    assert (await stack.client.post("/engines/a/wake_up")).status == 503  # the canary fails: FAILED
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "FAILED")
+    resp = await stack.completion("model-b")
+    assert resp.status == 503 and resp.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert stack.sim_count("b", "wake_up") == 0
+    assert stack.device_used() <= TOTAL
+
+
+async def test_a_sleep_that_freed_nothing_is_woken_for_free_then_put_to_a_real_sleep(
+    make_engines: MakeEngines,
+) -> None:
+    """Chaos seed 7: `a` asleep by its flags after a sleep that freed nothing (lie-memory), its 50 GiB still
+    on the device. vLLM's /sleep does nothing to an executor asleep already, so it cannot make room: b is
+    refused. a's own wake adds nothing (its own reading shows all of it there) and is no longer refused for
+    want of its whole footprint; awake again, it can be put to a real sleep for b."""
+    stack = await make_engines()
+    stack.sim("a").set_faults(["sleep:lie-memory"])
+    await stack.client.post("/engines/a/sleep?level=1")
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "SLEEPING" and not s["engines"]["a"]["lifecycle_busy"])
+    stack.sim("a").set_faults([])
+    resp = await stack.completion("model-b")
+    assert resp.status == 503 and resp.headers["X-Lifeguard-Reason"] == "insufficient_gpu_memory"
+    assert stack.sim_count("b", "wake_up") == 0
+    assert (resp := await stack.completion("model-a")).status == 200, await resp.text()
+    assert (resp := await stack.completion("model-b")).status == 200, await resp.text()
+    assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
+    assert stack.device_used() <= TOTAL and stack.violations() == {}
+
+
+async def test_a_trainers_level_0_sleep_landing_before_the_swaps_sleep_is_woken_and_put_to_sleep(
+    make_engines: MakeEngines,
+) -> None:
+    """Chaos seed 11: a was PAUSED when the plan chose it; a trainer's sleep?level=0 took a's lock first,
+    and the swap's sleep at level 2 was refused `already_asleep`: a kept its memory and b was refused."""
+    stack = await make_engines(engine={"a": {"swap_sleep_level": 2}})
+    coordinator = stack.proxy_app[ENGINE_APPS]["a"][COORDINATOR]
+    original = coordinator.submit_unguarded
+    landed: list[str] = []
+
+    async def trainer_first(call: LifecycleCall) -> Outcome:
+        if call.op == "sleep" and call.level == 2 and not landed:
+            landed.append("level 0")
+            await original(LifecycleCall("sleep", (("level", "0"),), level=0))
+        return await original(call)
+
+    coordinator.submit_unguarded = trainer_first
+    resp = await stack.completion("model-b")
+    assert resp.status == 200, await resp.text()
+    assert landed and stack.sim("a").state_dict()["sleep_level"] == 2
+    assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
     assert stack.device_used() <= TOTAL and stack.violations() == {}
