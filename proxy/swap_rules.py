@@ -139,17 +139,32 @@ def eviction_order(gpus: tuple[int, ...], neighbours: Iterable[Neighbour], *, ma
     asleep at level 0. Never a pinned one, one in a weight update, one with held requests, nor (unless
     requests may be drained first) one with requests in flight; those with requests in flight come last."""
     shared = set(gpus)
-    eligible = [
-        n
-        for n in neighbours
-        if n.residency in SLEEPABLE
-        and not n.pinned
-        and not n.busy
-        and n.held == 0
-        and (n.inflight == 0 or may_drain)
-        and shared & set(n.gpus)
-    ]
+    eligible = [n for n in neighbours if shared & set(n.gpus) and why_it_stays(n, may_drain=may_drain) is None]
     return sorted(eligible, key=lambda n: (n.inflight > 0, n.last_used, n.name))
+
+
+def why_it_stays(n: Neighbour, *, may_drain: bool) -> str | None:
+    """Why `n` may not be put to sleep to make room (None: it may), as the refusal names it."""
+    if n.residency not in SLEEPABLE:
+        return _STAYS[n.residency]
+    if n.pinned:
+        return "pinned"
+    if n.busy:
+        return "in a weight update, or it failed to sleep"
+    if n.held:
+        return f"{n.held} request(s) held for it"
+    if n.inflight and not may_drain:
+        return f"serving {n.inflight} request(s)"
+    return None
+
+
+_STAYS = {
+    Residency.CHANGING: "in a lifecycle call",
+    Residency.PARTLY_AWAKE: "partly awake (its sleep would free nothing)",
+    Residency.ASLEEP_UNCONFIRMED: "asleep, its memory not freed (its sleep would free nothing)",
+    Residency.UNKNOWN: "failed or starting",
+    Residency.ASLEEP: "asleep",
+}
 
 
 def plan_room(
@@ -171,12 +186,12 @@ def plan_room(
             return Evict(order[0].name)
         # Nothing can say it fits beside an engine that keeps its memory (awake, asleep at level 0, paused,
         # partly awake, failed): refused rather than woken into an OOM.
-        staying = sorted(n.name for n in neighbours if n.holds_memory and set(gpus) & set(n.gpus))
+        staying = [n for n in neighbours if n.holds_memory and set(gpus) & set(n.gpus)]
         if staying:
             unknown = "its footprint" if need_bytes is None else "the GPUs' free memory"
             return NoRoom(
-                f"{unknown} is not known, and {', '.join(staying)} on the same GPU keeps its memory and cannot "
-                "be put to sleep (pinned, busy, serving, partly awake or failed)"
+                f"{unknown} is not known, and on the same GPU {_staying(staying, may_drain)} keeps its memory and "
+                "cannot be put to sleep"
             )
         return Fits()
     per_gpu = need_bytes / len(gpus)
@@ -185,9 +200,10 @@ def plan_room(
         return Fits()
     worst = max(short, key=lambda g: short[g])
     if not order:
+        there = [n for n in neighbours if n.holds_memory and worst in n.gpus]
         return NoRoom(
             f"it needs {_gib(per_gpu)} on GPU {worst}, {_gib(free.get(worst, 0))} is free, and no engine there "
-            "may be put to sleep (pinned, busy, serving or partly awake)"
+            f"may be put to sleep ({_staying(there, may_drain) or 'none holds memory'})"
         )
     if all(n.footprint_bytes is not None for n in order):
         for g, missing in short.items():
@@ -198,6 +214,12 @@ def plan_room(
                     f"there that may sleep to sleep would free only {_gib(could_free)}"
                 )
     return Evict(order[0].name)
+
+
+def _staying(neighbours: list[Neighbour], may_drain: bool) -> str:
+    return ", ".join(
+        f"{n.name} ({why_it_stays(n, may_drain=may_drain)})" for n in sorted(neighbours, key=lambda n: n.name)
+    )
 
 
 def _gib(n: float) -> str:

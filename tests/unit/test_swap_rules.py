@@ -225,3 +225,20 @@ def test_a_wake_needs_only_what_is_not_resident_yet() -> None:
     assert wake_need(48 * GIB, ALL_SLEEP_TAGS, ALL_SLEEP_TAGS, awake_bytes=50 * GIB, resident=50 * GIB) == 0
     # A need of nothing fits beside anyone, even with the GPUs unreadable.
     assert plan_room((0,), 0, None, [_n("a", pinned=True)], may_drain=False) == Fits()
+
+
+def test_a_refusal_names_each_engine_that_stays_and_why() -> None:
+    """The two-engine chaos run's no_room refusals said only "(pinned, busy or serving)": which one, and why?"""
+    neighbours = [
+        _n("p", pinned=True),
+        _n("h", held=2),
+        _n("w", busy=True),
+        _n("f", residency=Residency.UNKNOWN),
+        _n("z", residency=Residency.ASLEEP),
+    ]
+    plan = plan_room((0,), 48 * GIB, {0: 28 * GIB}, neighbours, may_drain=False)
+    assert isinstance(plan, NoRoom)
+    assert "f (failed or starting), h (2 request(s) held for it), p (pinned), w (in a weight update" in plan.why
+    assert "z" not in plan.why  # asleep: holds nothing worth naming
+    plan = plan_room((0,), None, {0: 28 * GIB}, [_n("s", inflight=3)], may_drain=False)
+    assert isinstance(plan, NoRoom) and "s (serving 3 request(s))" in plan.why
