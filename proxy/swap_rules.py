@@ -26,11 +26,11 @@ GIB = 1 << 30
 class Residency(enum.Enum):
     """What an engine holds on its GPUs, and whether a sleep at level 1 or 2 can give it back."""
 
-    AWAKE = "awake"  # RUNNING or PAUSED: everything, and a sleep frees it
+    AWAKE = "awake"  # RUNNING or PAUSED (or on the way): everything, and a sleep frees it
     ASLEEP_LEVEL_0 = (
         "asleep_level_0"  # only the scheduler sleeps: everything; a wake adds nothing, then a sleep frees it
     )
-    CHANGING = "changing"  # in a lifecycle call or a weight update: everything, until that call ends
+    CHANGING = "changing"  # waking or in a weight update: everything, until that ends
     PARTLY_AWAKE = "partly_awake"  # some tags woken: those; vLLM's /sleep is a no-op until the rest are awake
     ASLEEP = "asleep"  # level 1 or 2: only what a sleep leaves
     # Asleep by vLLM's flags, but the GPUs showed nothing freed (a sleep that lied): maybe everything. vLLM's
@@ -50,7 +50,8 @@ def residency(state: State, asleep_tags: frozenset[str], *, unconfirmed: bool = 
         if asleep_tags >= ALL_SLEEP_TAGS:
             return Residency.ASLEEP_UNCONFIRMED if unconfirmed else Residency.ASLEEP
         return Residency.PARTLY_AWAKE
-    if state in (State.RUNNING, State.PAUSED) and not asleep_tags:
+    if state in (State.RUNNING, State.PAUSED, State.PAUSING, State.RESUMING, State.FALLING_ASLEEP) and not asleep_tags:
+        # A pause, resume or sleep under way: the swap's sleep waits its turn on that engine's lock.
         return Residency.AWAKE
     return Residency.CHANGING
 
@@ -159,7 +160,7 @@ def why_it_stays(n: Neighbour, *, may_drain: bool) -> str | None:
 
 
 _STAYS = {
-    Residency.CHANGING: "in a lifecycle call",
+    Residency.CHANGING: "waking or updating weights",
     Residency.PARTLY_AWAKE: "partly awake (its sleep would free nothing)",
     Residency.ASLEEP_UNCONFIRMED: "asleep, its memory not freed (its sleep would free nothing)",
     Residency.UNKNOWN: "failed or starting",

@@ -468,3 +468,28 @@ async def test_a_trainers_level_0_sleep_landing_before_the_swaps_sleep_is_woken_
     assert landed and stack.sim("a").state_dict()["sleep_level"] == 2
     assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
     assert stack.device_used() <= TOTAL and stack.violations() == {}
+
+
+async def test_a_neighbour_on_its_way_to_a_pause_is_put_to_sleep_after_it(make_engines: MakeEngines) -> None:
+    """Chaos seed 11: 145 swaps refused no_room for a neighbour "in a lifecycle call" (a trainer's pause or
+    resume under way) that could be put to sleep a moment later: the swap's sleep now waits its turn."""
+    stack = await make_engines()
+    release = asyncio.Event()
+    a = stack.sim("a")
+    original_pause = a.pause
+
+    async def held_pause(mode: str) -> dict[str, object]:
+        await asyncio.wait_for(release.wait(), 10)
+        return await original_pause(mode)
+
+    a.pause = held_pause  # type: ignore[method-assign]
+    pause = asyncio.ensure_future(stack.client.post("/engines/a/pause"))
+    await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "PAUSING")
+    request = asyncio.ensure_future(stack.completion("model-b"))
+    await stack.wait_for(lambda s: any(t["engine"] == "b" and t["running"] for t in s["swap_queue"]))
+    release.set()
+    assert (await pause).status == 200
+    resp = await request
+    assert resp.status == 200, await resp.text()
+    assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
+    assert stack.device_used() <= TOTAL and stack.violations() == {}
