@@ -49,7 +49,7 @@ test-observability: setup  ## real Prometheus scraping the proxy; every panel an
 chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to chaos_run.py
 	bash scripts/chaos.sh $(CHAOS_ARGS)
 
-chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (75 s): never more awake than fits
+chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (110 s): never more awake than fits
 	bash scripts/chaos.sh --engines 2 --quick $(CHAOS_ARGS)
 
 bench: setup  ## the performance table (docs/performance.md)

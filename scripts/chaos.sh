@@ -6,7 +6,7 @@
 #   bash scripts/chaos.sh                  # full run: 600 s of chaos (CHAOS_DURATION), >= 10,000 requests
 #   bash scripts/chaos.sh --quick          # bounded CI run, under 3 minutes (also CHAOS_QUICK=1)
 #   bash scripts/chaos.sh --duration 120   # any other length; more flags go to chaos_run.py (--seed, --strict, --keep)
-#   bash scripts/chaos.sh --engines 2 --quick   # two engines on one simulated GPU (make chaos-engines): the
+#   bash scripts/chaos.sh --engines 2 --quick   # two engines on one simulated GPU, 110 s (make chaos-engines): the
 #                                          # same invariants per engine, plus never more awake than fits
 set -euo pipefail
 cd "$(dirname "$0")/.."
