@@ -452,10 +452,27 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def healer(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, tally: Tally,
-                 stop: asyncio.Event, failed_for_s: float = 3.0) -> None:  # fmt: skip
-    """A FAILED engine that stays FAILED (garbage, memory not back) is one an operator restarts."""
+                 stop: asyncio.Event, failed_for_s: float = 3.0,
+                 neighbours: tuple[tuple[str, str], ...] = ()) -> None:  # fmt: skip
+    """A FAILED engine that stays FAILED (garbage, memory not back) is one an operator restarts.
+
+    `neighbours` (several engines on one GPU: (name, base URL) of each other engine): an engine whose restart
+    has waited `failed_for_s` for room (another engine awake) is one an operator makes room for, putting the
+    others to sleep through the proxy, as the recovery does. Nothing else frees the room: a request for a
+    dead engine wakes nothing (seed 11: an engine stayed down 43 s of 110, and no fault could fire on it)."""
     failed_since: float | None = None
+    waiting_since: float | None = None
     while not stop.is_set():
+        now = time.monotonic()
+        if neighbours and sim.waiting_for_room:
+            waiting_since = waiting_since or now
+            if now - waiting_since > failed_for_s:
+                tally.kills["room_made"] += 1
+                for name, other in neighbours:
+                    await lifecycle_call(session, other, "sleep", [("level", "1")], None, tally, 10.0, name)
+                waiting_since = None
+        else:
+            waiting_since = None
         state = await proxy_state(session, base)
         now = time.monotonic()
         if state is not None and state["state"] == "FAILED":

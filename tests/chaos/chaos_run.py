@@ -203,7 +203,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         ]
         for j, e in enumerate(engines):
             chaos.append(asyncio.create_task(fault_injector(session, e.sim, args.seed + 7919 * j, tally, stop_chaos)))
-            chaos.append(asyncio.create_task(healer(session, e.base, e.sim, tally, stop_chaos)))
+            others = tuple((o.name, o.base) for o in engines if o is not e)
+            chaos.append(asyncio.create_task(healer(session, e.base, e.sim, tally, stop_chaos, neighbours=others)))
         if args.proxy_restarts:
             every = (6.0, 15.0) if args.quick else (8.0, 20.0)
 
