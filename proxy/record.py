@@ -260,7 +260,10 @@ class EngineRecord:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
         self._metrics.engine_restart()
         self._set(weight_update_active=False, user_pause=None, asleep_tags=frozenset(), sleep_level=None)
-        self.mark_stale(Staleness.RESTARTED)
+        # A /health that failed and came back looks the same as a restart: weights a level-2 sleep discarded
+        # stay discarded (inference held until a reload) rather than pass for a fresh checkpoint.
+        if self.weights_stale is not Staleness.DISCARDED:
+            self.mark_stale(Staleness.RESTARTED)
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes
