@@ -129,3 +129,31 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_
     assert (await client.post("/wake_up")).status == 200
     assert (await _state(client))["state"] == "RUNNING"
     assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a_restart(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """Chaos finding (bounded run with restarts, seed 9599): a /sleep from PAUSED that did nothing is held as
+    asleep but unconfirmed, so a repeat is sent to vLLM (test_lies 1c). The state file kept the tags and not
+    that they were unconfirmed: the new proxy, seeing "asleep and paused" with the gauge "awake", took them for
+    a confirmed sleep and answered the next two /sleep?level=1 as no-ops on an engine merely paused."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("sleep:lie-asleep")
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
+    assert (await _state(stack.client))["sleep_unconfirmed"] is True
+    client = await _restarted(stack, aiohttp_client)
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["sleep_unconfirmed"] is True
+    engine = stack.sim.state_dict()
+    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
+
+    again = await client.post("/sleep", params={"level": "1"})
+    assert again.status == 200, await again.text()
+    assert "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
+    assert (await _state(client))["sleep_unconfirmed"] is False
+    assert (await client.post("/wake_up")).status == 200
+    assert (await _state(client))["state"] == "PAUSED"  # the user's pause outlives the sleep and the restart
+    assert stack.sim.violations == []
