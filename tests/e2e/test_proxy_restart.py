@@ -157,3 +157,27 @@ async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a
     assert (await client.post("/wake_up")).status == 200
     assert (await _state(client))["state"] == "PAUSED"  # the user's pause outlives the sleep and the restart
     assert stack.sim.violations == []
+
+
+async def test_a_sleep_a_restarted_proxy_reads_only_from_the_gauge_is_unconfirmed(
+    make_stack: Any, aiohttp_client: Any
+) -> None:
+    """Chaos finding (bounded run with restarts, seed 9599, raw plane): the proxy was killed while a /sleep from
+    PAUSED was in flight, and that sleep did nothing but set vLLM's sleep-state gauge (a lie). The new proxy had
+    only the gauge to go by, no GPU footprint to compare with, took it for a confirmed sleep at level 1 and
+    answered the next /sleep?level=1 as no-ops on an engine merely paused."""
+    stack = await make_stack()
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("sleep:lie-asleep")
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
+    client = await _restarted(stack, aiohttp_client)  # no state file: the answer of that sleep is lost with it
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["sleep_level"] == 1 and state["sleep_unconfirmed"] is True
+    engine = stack.sim.state_dict()
+    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
+
+    again = await client.post("/sleep", params={"level": "1"})
+    assert again.status == 200, await again.text()
+    assert "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
+    assert stack.sim.violations == []
