@@ -11,18 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from proxy.app import create_app
 
-from .conftest import Stack
+from .conftest import Stack, serve_proxy
 
 
 async def _restarted(stack: Stack, aiohttp_client: Any) -> TestClient[Any, Any]:
     await stack.client.close()
-    server = TestServer(create_app(stack.settings))
-    await server.start_server()
-    client: TestClient[Any, Any] = await aiohttp_client(server)
+    client: TestClient[Any, Any] = await serve_proxy(aiohttp_client, create_app(stack.settings), stack.settings)
     deadline = time.monotonic() + 5
     while True:
         state = await (await client.get("/lifeguard/state")).json()
