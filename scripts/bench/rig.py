@@ -4,8 +4,9 @@
   (`upstream.py`);
 * the peers, each in front of both: nginx as a reverse proxy (one worker: one proxy process against one),
   Envoy (`envoy-proxy.yaml.in`, `--concurrency 1`) and vllm-router (vLLM's Rust router, round robin, one
-  worker URL; one router per upstream, as it takes one worker list); Envoy and vllm-router only when
-  their executables are found in `peers_bin` (scripts/bench.sh installs them into the bench venv);
+  worker URL, one tokio worker thread; one router per upstream, as it takes one worker list); Envoy and
+  vllm-router only when their executables are found in `peers_bin` (scripts/bench.sh installs them into
+  the bench venv);
 * lifeguard: `python -m proxy serve` from the checkout under test, one process, on the data plane
   `--data-plane` names (raw, the default, or aiohttp); and, for the non-streaming and SSE loads, a second
   one on `also_plane` (the other plane), measured as its own path.
@@ -144,7 +145,8 @@ class Rig:
 
     async def _start_vllm_router(self) -> None:
         """One router per upstream: its worker list is per process. Its admission queue and concurrency
-        limit (100 by default) are lifted, so that 256 connections and 512 streams pass as through nginx."""
+        limit (100 by default) are lifted, so that 256 connections and 512 streams pass as through nginx;
+        retries, the circuit breaker and the health checks' traffic are off."""
         exe = self.peer("vllm-router")
         if exe is None:
             return
@@ -158,7 +160,8 @@ class Rig:
             argv += ["--prometheus-port", str(free_port()), "--max-concurrent-requests", "100000"]
             argv += ["--queue-size", "100000", "--request-timeout-secs", "3600", "--disable-retries"]
             argv += ["--disable-circuit-breaker", "--health-check-interval-secs", "3600"]
-            pids.append(self.start(name, argv).pid)
+            # One tokio worker thread, as nginx and Envoy get one worker: one proxy thread against one.
+            pids.append(self.start(name, argv, env={"TOKIO_WORKER_THREADS": "1"}).pid)
         for port in (self.router_port, self.router_sse_port):
             await wait_until(functools.partial(_healthy, port), f"vllm-router on port {port}", timeout=60)
         self.router_pid, self.router_sse_pid = pids
