@@ -60,12 +60,14 @@ def grouped(
     series = {k: v for k, v in series.items() if any(finite(x) for x in v)}
     if not series or not groups:
         return False
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) * len(series) / 2), 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.55 * len(groups) * len(series))), 4.2), dpi=110)
     width = 0.8 / len(series)
     for i, (key, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         heights = [v if finite(v) else 0.0 for v in values]
-        bars = ax.bar(xs, heights, width, label=names[key], color=COLORS.get(key.split("/")[0], None))
+        light = key.endswith("/p50")  # a percentile pair: p50 pale, p99 solid, one color per variant
+        color = COLORS.get(key.split("/")[0])
+        bars = ax.bar(xs, heights, width, label=names[key], color=color, alpha=0.45 if light else 1.0)
         for bar, v in zip(bars, values, strict=True):
             if finite(v):
                 ax.annotate(
