@@ -71,7 +71,7 @@ def grouped(
         for bar, v in zip(bars, values, strict=True):
             if finite(v):
                 ax.annotate(
-                    fmt.format(v),
+                    fmt.format(v) if fmt != "short" else (f"{v:,.0f}" if v >= 10 else f"{v:.2g}"),
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center",
                     va="bottom",
@@ -130,7 +130,7 @@ def sse_charts(plt: Any, res: dict[str, Any], args: dict[str, Any], out: Path) -
     groups = [f"{s} streams" for s in streams]
     rate = args.get("sse_rate", 0)
     title = f"SSE per-event latency, source paced at {rate:,.0f} events/s in all (ms, lower is better)"
-    if grouped(plt, groups, lat, names, title, "ms (log)", out / "sse-latency.png", log=True, fmt="{:.2g}"):
+    if grouped(plt, groups, lat, names, title, "ms (log)", out / "sse-latency.png", log=True, fmt="short"):
         written.append(out / "sse-latency.png")
     cpu = {p: [sse.get(f"{p}@{s}max", {}).get("cpu_us_per_event", math.nan) for s in streams] for p in paths}
     cpu.pop("direct", None)
