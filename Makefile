@@ -52,7 +52,7 @@ chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to ch
 chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (75 s): never more awake than fits
 	bash scripts/chaos.sh --engines 2 --quick $(CHAOS_ARGS)
 
-bench: setup  ## the performance table (docs/performance.md)
+bench: setup  ## the performance table against nginx, Envoy, vllm-router, and its charts (docs/performance.md)
 	bash scripts/bench.sh
 
 clean:
