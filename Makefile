@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test test-raw-plane lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test test-aiohttp-plane lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -28,8 +28,8 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
 	$(BIN)/pytest -q
 
-test-raw-plane: setup  ## every e2e test through `data_plane: raw` (make test runs them on the default, aiohttp)
-	LIFEGUARD_TEST_DATA_PLANE=raw $(BIN)/pytest -q tests/e2e
+test-aiohttp-plane: setup  ## every e2e test through `data_plane: aiohttp` (make test runs them on the default, raw)
+	LIFEGUARD_TEST_DATA_PLANE=aiohttp $(BIN)/pytest -q tests/e2e
 
 test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
 	bash scripts/test-vllm.sh
@@ -52,7 +52,7 @@ chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to ch
 chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (110 s): never more awake than fits
 	bash scripts/chaos.sh --engines 2 --quick $(CHAOS_ARGS)
 
-bench: setup  ## the performance table (docs/performance.md)
+bench: setup  ## the performance table against nginx, Envoy, vllm-router, and its charts (docs/performance.md)
 	bash scripts/bench.sh
 
 clean:

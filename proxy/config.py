@@ -87,10 +87,9 @@ class Settings(BaseSettings):
 
     # --- the data plane
     # `raw`: the llhttp front of proxy/front.py serves the socket and hands all but admitted inference to
-    # the aiohttp application (proxy/seam.py); `aiohttp`: aiohttp's server serves every request. `aiohttp`
-    # stays the default until the chaos run with proxy restarts passes on `raw` (docs/reliability.md: under a
-    # flood of reconnects a restarted raw front once could not reach its own application for 20 s).
-    data_plane: DataPlane = "aiohttp"
+    # the aiohttp application (proxy/seam.py); `aiohttp`: aiohttp's server serves every request (kept for one
+    # release; CI runs every e2e test on it too). With `engines:` the aiohttp plane serves whatever this says.
+    data_plane: DataPlane = "raw"
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)

@@ -97,7 +97,9 @@ class LifecycleCoordinator:
             if previous.weights_stale is not None:
                 self.record.mark_stale(previous.weights_stale)
             if previous.asleep_tags:
-                self.record.remembered_asleep(frozenset(previous.asleep_tags), previous.sleep_level)
+                self.record.remembered_asleep(
+                    frozenset(previous.asleep_tags), previous.sleep_level, unconfirmed=previous.sleep_unconfirmed
+                )
         self._refresh_gate()
 
     @property

@@ -2,11 +2,12 @@
 
 Each request is read once: its target through the one canonical-path decision (proxy/target.py), its kind
 from the route table (proxy/routes.py). An inference request whose whole body is in and which the gate
-admits at once goes to vLLM on a pooled connection (`FastExchange`, proxy/exchange.py) as plain
-callbacks; one the gate holds waits parked in the gate's queue as its parsed bytes (`HeldExchange`), then
-goes the same way. Everything else (lifecycle and control calls, `/lifeguard/*`, metrics, pass-through
-routes) is relayed unchanged to the aiohttp application through the seam (`SeamExchange`,
-proxy/seam.py), so one keep-alive connection may mix both. Pipelined requests are answered in order.
+admits at once goes to vLLM on a pooled connection (`FastExchange`, proxy/relays.py) as plain
+callbacks; one the gate holds waits parked in the gate's queue as its parsed bytes (`HeldExchange`,
+proxy/held.py), then goes the same way. Everything else (lifecycle and control calls, `/lifeguard/*`,
+metrics, pass-through routes) is relayed unchanged to the aiohttp application through the seam
+(`SeamExchange`, proxy/seam.py), so one keep-alive connection may mix both. Pipelined requests are
+answered in order.
 
 What the front refuses itself, in the one error format (handlers.render_error_bytes): what the request
 reader refuses (proxy/request_reader.py: smuggling, oversized heads), then the connection is closed; for
@@ -26,9 +27,11 @@ from collections.abc import Callable
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import BadTarget, BodyTimeout, BodyTooLarge, LifeguardError
-from .exchange import Exchange, FastExchange, HeldExchange, SeamExchange, Upstreams
+from .exchange import Exchange, Upstreams
 from .gate import RequestGate
 from .handlers import render_error_bytes
+from .held import HeldExchange
+from .relays import FastExchange, SeamExchange
 from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind, RouteTable
 from .target import canonical_target

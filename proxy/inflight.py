@@ -11,7 +11,7 @@ vLLM holds are not those a queued request was sent for (a level-2 sleep today).
 
 Entries of the aiohttp path: `asyncio.timeout(None)` rescheduled to now: it cancels the forwarding task at its
 current await and turns that into a `TimeoutError` at the block's end, without taking a cancellation
-that belongs to aiohttp (a client that left) for ours. Entries of the raw front (proxy/exchange.py) end
+that belongs to aiohttp (a client that left) for ours. Entries of the raw front (proxy/relays.py) end
 themselves synchronously in `abort`; both kinds are `Abortable`.
 """
 

@@ -5,8 +5,10 @@ vLLM shows whether it sleeps and, through its `engine_sleep_state` gauge, at whi
 that its weights were discarded by a level-2 sleep once it is awake again (the gauge reads awake after any
 full wake), nor a pause the proxy recorded to re-apply on the wake, nor which tags are still asleep after a
 `/wake_up` that answered 200 without waking (the gauge then reads awake, and the flags "asleep and paused"
-read exactly like a pause). Without the memo a new proxy would see an awake or merely paused engine and
-release inference or a weight reload onto weights that are discarded or asleep.
+read exactly like a pause), nor that a sleep was never confirmed by the GPUs (a /sleep from PAUSED that did
+nothing: its repeat must reach vLLM). Without the memo a new proxy would see an awake or merely paused engine
+and release inference or a weight reload onto weights that are discarded or asleep, or answer a sleep of a
+merely paused engine as a no-op.
 
 The memo is pessimistic: "discarded" is written *before* a level-2 sleep is sent (a proxy killed while it
 runs may never learn its outcome) and cleared only once the weights were loaded again. A vLLM restarted
@@ -37,6 +39,9 @@ class Memo:
     # What the proxy held to be asleep, and at which level: only a verified wake clears them.
     asleep_tags: tuple[str, ...] = ()
     sleep_level: int | None = None
+    # The flags read asleep but nothing was freed (a /sleep from PAUSED that did nothing reads the same): a
+    # repeat of that sleep is sent to vLLM, not answered as a no-op.
+    sleep_unconfirmed: bool = False
 
 
 # What a memo that cannot be read means: the weights cannot be vouched for.
@@ -64,6 +69,7 @@ class StateMemo:
                 user_pause=raw.get("user_pause"),
                 asleep_tags=tuple(raw.get("asleep_tags", ())),
                 sleep_level=raw.get("sleep_level"),
+                sleep_unconfirmed=raw.get("sleep_unconfirmed", False),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -90,6 +96,7 @@ class StateMemo:
 def _well_formed(memo: Memo) -> bool:
     return (
         isinstance(memo.user_pause, str | None)
+        and isinstance(memo.sleep_unconfirmed, bool)
         and all(tag in ALL_SLEEP_TAGS or tag == "scheduling" for tag in memo.asleep_tags)
         and (memo.sleep_level is None or (type(memo.sleep_level) is int and 0 <= memo.sleep_level <= 2))
     )

@@ -102,7 +102,13 @@ class EngineRecord:
 
     def memo(self) -> Memo:
         """What a restarted proxy could not read back from vLLM (proxy/memo.py)."""
-        return Memo(self.weights_stale, self.user_pause, tuple(sorted(self.asleep_tags)), self.sleep_level)
+        return Memo(
+            self.weights_stale,
+            self.user_pause,
+            tuple(sorted(self.asleep_tags)),
+            self.sleep_level,
+            self.sleep_unconfirmed,
+        )
 
     def _set(self, **facts: Any) -> None:
         self._facts = replace(self._facts, **facts)
@@ -128,9 +134,10 @@ class EngineRecord:
         """A verified wake: `remaining` is what is still asleep (nothing: fully awake, no sleep level)."""
         self._set(asleep_tags=remaining, sleep_level=self.sleep_level if remaining else None)
 
-    def remembered_asleep(self, tags: frozenset[str], level: int | None) -> None:
-        """A restarted proxy's state file says these tags were asleep (vLLM's flags cannot tell them from a pause)."""
-        self._set(asleep_tags=tags, sleep_level=level)
+    def remembered_asleep(self, tags: frozenset[str], level: int | None, *, unconfirmed: bool) -> None:
+        """A restarted proxy's state file says these tags were asleep (vLLM's flags cannot tell them from a pause),
+        and whether the GPUs ever confirmed it."""
+        self._set(asleep_tags=tags, sleep_level=level, sleep_unconfirmed=unconfirmed)
 
     def paused_by_user(self, mode: str) -> None:
         """The user's pause, kept across a sleep/wake cycle (vLLM's /wake_up lifts it)."""
@@ -188,7 +195,11 @@ class EngineRecord:
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
         elif (level := _gauge_sleep_level(obs, memory_freed)) is not None:
             if self.sleep_level != level or not self.asleep_tags:
-                self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
+                # A sleep known from the gauge alone: it says what the last /sleep asked for, and a sleep that
+                # freed nothing (a lie, or a /sleep from PAUSED) sets it too. Unless the GPUs show the memory
+                # gone, it is held unconfirmed, so a repeat goes to vLLM instead of being answered as a no-op.
+                unconfirmed = level >= 1 and memory_freed is not True
+                self._set(sleep_level=level, asleep_tags=asleep_tags_for(level), sleep_unconfirmed=unconfirmed)
             if level == 2:  # a level-2 sleep we did not make (or whose answer we lost): same as our own
                 self.discarded()
             self.settle(State.SLEEPING)
@@ -260,7 +271,10 @@ class EngineRecord:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
         self._metrics.engine_restart()
         self._set(weight_update_active=False, user_pause=None, asleep_tags=frozenset(), sleep_level=None)
-        self.mark_stale(Staleness.RESTARTED)
+        # A /health that failed and came back looks the same as a restart: weights a level-2 sleep discarded
+        # stay discarded (inference held until a reload) rather than pass for a fresh checkpoint.
+        if self.weights_stale is not Staleness.DISCARDED:
+            self.mark_stale(Staleness.RESTARTED)
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes

@@ -3,9 +3,12 @@
 `data_plane: raw` runs the proxy as two listeners in one process. The public socket is the raw front
 (proxy/front.py): it forwards inference to vLLM itself while the gate admits at once. Every other request
 (lifecycle and control calls, `/lifeguard/*`, metrics, pass-through routes: all but inference) is
-relayed byte for byte to the unchanged aiohttp application (proxy/app.py), which this module serves on a
-private unix socket in a directory only this user can enter. The application answers exactly as it
-did when it listened itself; the front relays that answer back on the client's connection.
+relayed byte for byte to the unchanged aiohttp application (proxy/app.py), which this module serves on
+unix socket pairs: each connection the front opens to it is a `socket.socketpair()` whose other end is
+handed to the application as an accepted connection. There is no listening socket, so no accept queue a
+burst of connects can overflow (a full one made asyncio hand over an unconnected socket, cut on its
+first write) and nothing on disk. The application answers exactly as it did when it listened itself;
+the front relays that answer back on the client's connection.
 
 Shutdown: the public socket stops accepting; then, side by side, the application shuts down as before
 (held requests, the front's parked ones too, 503 `shutting_down`; its handlers get `shutdown_grace_s`)
@@ -17,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Callable
 
 from aiohttp import web
@@ -54,7 +54,6 @@ class RawDataPlane:
             # The client's header deadline is the front's; the front's own idle connections expire first.
             keepalive_timeout=_SEAM_KEEPALIVE_S * 2,
         )
-        self._dir: str | None = None
         self._server: asyncio.Server | None = None
         self.front: Front | None = None
 
@@ -65,12 +64,11 @@ class RawDataPlane:
         return port
 
     async def start(self, host: str, port: int, *, backlog: int = 4096, sock: socket.socket | None = None) -> None:
-        """Start the application on its private socket, then listen on `host:port` (or on `sock`)."""
+        """Start the application, then listen on `host:port` (or on `sock`)."""
         settings = self._settings
         await self.runner.setup()
-        self._dir = tempfile.mkdtemp(prefix="vllm-lifeguard-")
-        path = os.path.join(self._dir, "app.sock")
-        await web.UnixSite(self.runner, path, backlog=backlog).start()
+        app_server = self.runner.server
+        assert app_server is not None
         loop = asyncio.get_running_loop()
         upstream = URL(settings.upstream or "")
         vllm_host, vllm_port = upstream.raw_host, upstream.port
@@ -94,7 +92,18 @@ class RawDataPlane:
             )
 
         async def to_app(factory: Callable[[], UpstreamConnection]) -> Connection:
-            return await loop.create_unix_connection(factory, path)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                await loop.connect_accepted_socket(app_server, theirs)
+            except BaseException:
+                ours.close()
+                theirs.close()
+                raise
+            try:
+                return await loop.create_unix_connection(factory, sock=ours)
+            except BaseException:
+                ours.close()
+                raise
 
         app = self.app
         upstreams = Upstreams(
@@ -136,6 +145,3 @@ class RawDataPlane:
             await front.upstreams.seam.close()
         else:
             await self.runner.cleanup()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None

@@ -1,7 +1,7 @@
 """A keep-alive pool of raw HTTP/1.1 connections to one origin, responses framed by llhttp (httptools).
 
 Used by the raw front (proxy/front.py) twice: towards vLLM (TCP), and towards the aiohttp application on
-its private unix socket (proxy/seam.py). A connection carries one exchange at a time; the exchange
+unix socket pairs (proxy/seam.py). A connection carries one exchange at a time; the exchange
 (a `ResponseSink`) writes its request on `transport` and gets the response as callbacks, then hands the
 connection back with `release()` or drops it with `close()`. Nothing here creates a task per request: a
 pooled connection is handed over synchronously; only opening a new one runs a coroutine.

@@ -9,12 +9,12 @@ import re
 from typing import Any
 
 from procs import cpu_seconds, log, median_dict, rss_bytes
-from rig import HERE, PATHS, Rig
+from rig import HERE, Rig
 
 
-async def wrk(port: int, conns: int, seconds: float, pid: int | None) -> dict[str, float]:
+async def wrk(port: int, conns: int, seconds: float, pid: int | None, script: str = "wrk-post.lua") -> dict[str, float]:
     """One wrk run; adds the proxy's CPU seconds and its RSS sampled half-way."""
-    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / "wrk-post.lua")]
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / script)]
     argv.append(f"http://127.0.0.1:{port}/v1/completions")
     cpu0 = cpu_seconds(pid) if pid else 0.0
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -35,17 +35,17 @@ async def wrk(port: int, conns: int, seconds: float, pid: int | None) -> dict[st
 
 
 async def bench_fixed(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps: int) -> dict[str, Any]:
-    await rig.start_lifeguard(rig.up_port)
-    for target in PATHS:  # warm every path (connection pools, lazily imported code)
+    await rig.start_lifeguards(f"http://127.0.0.1:{rig.up_port}")
+    for target in rig.paths:  # warm every path (connection pools, lazily imported code)
         await wrk(rig.port(target), 16, 1, None)
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     for conns in conns_list:
         for rep in range(reps):
-            for target in PATHS:
+            for target in rig.paths:
                 result = await wrk(rig.port(target), conns, seconds, rig.proxy_pid(target))
                 runs.setdefault((target, conns), []).append(result)
                 log(
-                    f"fixed c={conns} rep={rep + 1} {target:9s} {result['rps']:8.0f} req/s "
+                    f"fixed c={conns} rep={rep + 1} {target:13s} {result['rps']:8.0f} req/s "
                     f"p50 {result['p50_us'] / 1000:.3f} ms p99 {result['p99_us'] / 1000:.3f} ms "
                     f"cpu {result['cpu_us_per_req']:.0f} us/req"
                 )

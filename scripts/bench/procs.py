@@ -59,11 +59,14 @@ def children(pid: int) -> list[int]:
 class Proc:
     """A child process with its output in a log file; `stop()` ends it (TERM, then KILL)."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, *, cwd: Path | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], workdir: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd)
+        full_env = {**os.environ, **env} if env else None
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=full_env)
         self.pid = self.popen.pid
 
     def stop(self) -> None:

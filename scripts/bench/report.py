@@ -1,4 +1,6 @@
-"""The table `make bench` prints: one row per figure, direct / nginx proxy / vllm-lifeguard, judged by TARGETS."""
+"""The table `make bench` prints: one row per figure on every path (direct, the peers nginx / Envoy /
+vllm-router, lifeguard on two data planes), lifeguard's ratio to nginx and to the best peer, judged by
+TARGETS; and the real-vLLM table when that load ran."""
 
 from __future__ import annotations
 
@@ -6,13 +8,29 @@ import argparse
 import contextlib
 import math
 import os
-from collections.abc import Sequence
 from typing import Any
 
+from rig import PEERS
 from targets import judge, measured
 
-HEAD = ["figure", "direct", "nginx proxy", "vllm-lifeguard", "lifeguard vs direct", "lifeguard vs nginx", "target", ""]
+# The columns of the main table, in order: the load's paths (rig.PATHS), then lifeguard's ratios.
+COLUMNS = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-alt")
+TITLES = {"direct": "direct", "nginx": "nginx", "envoy": "Envoy", "vllm-router": "vllm-router"}
 NO_TARGET = ["", ""]
+
+
+def head(args: argparse.Namespace) -> list[str]:
+    """The header row: the lifeguard columns name their data plane."""
+    titles = {**TITLES, "lifeguard": f"lifeguard {args.data_plane}", "lifeguard-alt": f"lifeguard {args.also_plane}"}
+    vs = f"lifeguard {args.data_plane}"
+    return [
+        "figure",
+        *(titles[c] for c in COLUMNS),
+        f"{vs} vs nginx",
+        f"{vs} vs best of Envoy, vllm-router",
+        "target",
+        "",
+    ]
 
 
 def fmt(value: float | None, unit: str = "") -> str:
@@ -50,77 +68,97 @@ def per_event(us: float) -> str:
 
 
 def lifeguard_only(figure: str, value: str, judged: list[str] = NO_TARGET) -> list[str]:
-    return [figure, "", "", value, "", "", *judged]
+    return [figure, "", "", "", "", value, "", "", "", *judged]
 
 
-def three_ways(figure: str, values: Sequence[float], unit: str, judged: list[str] = NO_TARGET) -> list[str]:
-    """A figure on all three paths (direct, nginx, lifeguard) with lifeguard's ratio to (unit "x") or
-    difference from (unit "ms") the other two."""
-    d, n, lg = values
+def cell(value: float | None, unit: str) -> str:
+    if value is None or not measured(value):
+        return "-"
+    if unit == "ev":
+        return per_event(value)
+    return fmt(value, unit)
+
+
+def best_peer(values: dict[str, float], lower_is_better: bool) -> float:
+    """The better of Envoy and vllm-router on this figure: the peers the issue puts lifeguard ahead of
+    (nginx, the other peer, is the reference and has its own column)."""
+    peers = [values[p] for p in PEERS if p != "nginx" and measured(values.get(p))]
+    if not peers:
+        return math.nan
+    return min(peers) if lower_is_better else max(peers)
+
+
+def compare(
+    figure: str, values: dict[str, float], unit: str, lower_is_better: bool, judged: list[str] = NO_TARGET
+) -> list[str]:
+    """A figure on every path, with lifeguard's difference from (unit "ms") or ratio to (any other unit)
+    nginx and the better of Envoy and vllm-router on this figure (the faster, the cheaper)."""
+    cells = [cell(values.get(c), unit) for c in COLUMNS]
+    lg, nginx, best = (
+        values.get("lifeguard", math.nan),
+        values.get("nginx", math.nan),
+        best_peer(values, lower_is_better),
+    )
     if unit == "ms":
-        return [figure, fmt(d, "ms"), fmt(n, "ms"), fmt(lg, "ms"), delta(lg - d), delta(lg - n), *judged]
-    return [figure, fmt(d), fmt(n), fmt(lg), fmt(ratio(lg, d), "x"), fmt(ratio(lg, n), "x"), *judged]
+        vs = [delta(lg - nginx), delta(lg - best)]
+    else:
+        vs = [fmt(ratio(lg, nginx), "x"), fmt(ratio(lg, best), "x")]
+    return [figure, *cells, *vs, *judged]
 
 
 def fixed_rows(fixed: dict[str, Any], conns: list[int]) -> list[list[str]]:
     rows = []
     for c in conns:
-        d, n, lg = fixed.get(f"direct@{c}"), fixed.get(f"nginx@{c}"), fixed.get(f"lifeguard@{c}")
-        if not (d and n and lg):
+        runs = {path: fixed[f"{path}@{c}"] for path in COLUMNS if fixed.get(f"{path}@{c}")}
+        if "lifeguard" not in runs:
             continue
-        judged = judge("rps_vs_nginx@64", ratio(lg["rps"], n["rps"])) if c == 64 else NO_TARGET
-        rows.append(three_ways(f"req/s, {c} conn", [d["rps"], n["rps"], lg["rps"]], "x", judged))
+        rps = {path: r["rps"] for path, r in runs.items()}
+        judged = judge("rps_vs_nginx@64", ratio(rps["lifeguard"], rps.get("nginx", math.nan))) if c == 64 else NO_TARGET
+        rows.append(compare(f"req/s, {c} conn", rps, "", False, judged))
         for q in ("p50", "p99"):
             key = {("p50", 1): "p50_over_nginx_ms@1", ("p99", 256): "p99_over_nginx_ms@256"}.get((q, c))
-            over_nginx = (lg[f"{q}_us"] - n[f"{q}_us"]) / 1000
-            judged = judge(key, over_nginx) if key else NO_TARGET
-            ms = [fixed_run[f"{q}_us"] / 1000 for fixed_run in (d, n, lg)]
-            rows.append(three_ways(f"{q} latency, {c} conn", ms, "ms", judged))
-    mid = 64 if 64 in conns else conns[-1]
-    if fixed.get(f"lifeguard@{mid}"):
-        n, lg = fixed[f"nginx@{mid}"], fixed[f"lifeguard@{mid}"]
-        cpu = ratio(lg["cpu_us_per_req"], n["cpu_us_per_req"])
-        us = [fmt(n["cpu_us_per_req"], "us"), fmt(lg["cpu_us_per_req"], "us")]
-        rows.append([f"proxy CPU per request, {mid} conn", "", *us, "", fmt(cpu, "x"), "", ""])
+            ms = {path: r[f"{q}_us"] / 1000 for path, r in runs.items()}
+            judged = judge(key, ms["lifeguard"] - ms.get("nginx", math.nan)) if key else NO_TARGET
+            rows.append(compare(f"{q} latency, {c} conn", ms, "ms", True, judged))
+        cpu = {path: r["cpu_us_per_req"] for path, r in runs.items() if path != "direct"}
+        judged = judge("cpu_vs_envoy@64", ratio(cpu["lifeguard"], cpu.get("envoy", math.nan))) if c == 64 else NO_TARGET
+        rows.append(compare(f"proxy CPU per request, {c} conn", cpu, "us", True, judged))
     top = conns[-1]
     if fixed.get(f"lifeguard@{top}"):
-        n, lg = fixed[f"nginx@{top}"], fixed[f"lifeguard@{top}"]
-        rss = [fmt(n["rss"], "MiB"), fmt(lg["rss"], "MiB")]
-        rows.append([f"proxy RSS under load, {top} conn", "", *rss, "", "", "", ""])
+        rss = {path: fixed[f"{path}@{top}"]["rss"] for path in COLUMNS[1:] if fixed.get(f"{path}@{top}")}
+        rows.append(compare(f"proxy RSS under load, {top} conn", rss, "MiB", True))
     return rows
 
 
 def sse_rows(sse: dict[str, Any], streams_list: list[int], rate: float) -> list[list[str]]:
     rows = []
     for s in streams_list:
-        d, n, lg = sse.get(f"direct@{s}max"), sse.get(f"nginx@{s}max"), sse.get(f"lifeguard@{s}max")
-        if d and n and lg:
-            eps = [run["events_per_s"] for run in (d, n, lg)]
-            judged = judge("sse_events_per_s", lg["events_per_s"])
-            rows.append(three_ways(f"SSE events/s relayed, {s} streams, source unpaced", eps, "x", judged))
-            cpu = ratio(lg["cpu_us_per_event"], n["cpu_us_per_event"])
-            rows.append(
-                [
-                    f"proxy CPU per SSE event (→ events/s per core), {s} streams",
-                    "",
-                    per_event(n["cpu_us_per_event"]),
-                    per_event(lg["cpu_us_per_event"]),
-                    "",
-                    fmt(cpu, "x"),
-                    *judge("sse_cpu_us_per_event", lg["cpu_us_per_event"]),
-                ]
-            )
-        d, n, lg = sse.get(f"direct@{s}"), sse.get(f"nginx@{s}"), sse.get(f"lifeguard@{s}")
-        if not (d and n and lg):
+        runs = {path: sse[f"{path}@{s}max"] for path in COLUMNS if sse.get(f"{path}@{s}max")}
+        if "lifeguard" in runs:
+            eps = {path: r["events_per_s"] for path, r in runs.items()}
+            judged = judge("sse_events_per_s", eps["lifeguard"])
+            rows.append(compare(f"SSE events/s relayed, {s} streams, source unpaced", eps, "", False, judged))
+            cpu = {path: r["cpu_us_per_event"] for path, r in runs.items() if path != "direct"}
+            judged = judge("sse_cpu_vs_nginx", ratio(cpu["lifeguard"], cpu.get("nginx", math.nan)))
+            figure = f"proxy CPU per SSE event (→ events/s per core), {s} streams"
+            rows.append(compare(figure, cpu, "ev", True, judged))
+        runs = {path: sse[f"{path}@{s}"] for path in COLUMNS if sse.get(f"{path}@{s}")}
+        if "lifeguard" not in runs:
             continue
-        eps = [run["events_per_s"] for run in (d, n, lg)]
-        rows.append(three_ways(f"SSE events/s, {s} streams, source paced at {rate:,.0f}/s", eps, "x"))
+        eps = {path: r["events_per_s"] for path, r in runs.items()}
+        rows.append(compare(f"SSE events/s, {s} streams, source paced at {rate:,.0f}/s", eps, "", False))
         for q in ("p50", "p99"):
-            ms = [run[f"{q}_us"] / 1000 for run in (d, n, lg)]
-            rows.append(three_ways(f"SSE per-event {q} latency, {s} streams, paced", ms, "ms"))
-        if "ready_ms" in lg:
-            ready = [run["ready_ms"] for run in (d, n, lg)]
-            rows.append(three_ways(f"SSE: {s} streams opened at once → every one delivering, paced", ready, "ms"))
+            ms = {path: r[f"{q}_us"] / 1000 for path, r in runs.items()}
+            rows.append(compare(f"SSE per-event {q} latency, {s} streams, paced", ms, "ms", True))
+        ready = {path: r["ready_ms"] for path, r in runs.items() if "ready_ms" in r}
+        if "lifeguard" in ready:
+            judged = (
+                judge("sse_burst_vs_nginx", ratio(ready["lifeguard"], ready.get("nginx", math.nan)))
+                if s >= 512
+                else NO_TARGET
+            )
+            figure = f"SSE: {s} streams opened at once → every one delivering, paced"
+            rows.append(compare(figure, ready, "ms", True, judged))
     return rows
 
 
@@ -160,17 +198,47 @@ def lifecycle_rows(lc: dict[str, Any]) -> list[list[str]]:
     rows = []
     for op in ("sleep", "wake"):
         direct, lifeguard = lc[f"direct_{op}_ms"], lc[f"lifeguard_{op}_ms"]
-        figure = f"lifecycle: {op} (engine op {lc['op_ms']:g} ms)"
+        figure = f"lifecycle: {op} (engine op {lc['op_ms']:g} ms; last column: lifeguard − direct)"
         judged = judge("lifecycle_added_ms", lifeguard - direct)
-        rows.append([figure, fmt(direct, "ms"), "", fmt(lifeguard, "ms"), delta(lifeguard - direct), "", *judged])
+        row = [figure, fmt(direct, "ms"), "", "", "", fmt(lifeguard, "ms"), "", "", delta(lifeguard - direct)]
+        rows.append(row + judged)
     return rows
 
 
 def swap_rows(sw: dict[str, Any]) -> list[list[str]]:
     engine = 2 * sw["op_ms"]
-    figure = f"model swap: request for a sleeping model → first byte (engine sleep + wake {engine:g} ms)"
+    figure = f"model swap: request for a sleeping model → first byte (engine sleep + wake {engine:g} ms in 'direct')"
     judged = judge("swap_added_ms", sw["swap_added_ms"])
-    return [[figure, fmt(engine, "ms"), "", fmt(sw["swap_ms"], "ms"), delta(sw["swap_added_ms"]), "", *judged]]
+    row = [figure, fmt(engine, "ms"), "", "", "", fmt(sw["swap_ms"], "ms"), "", "", delta(sw["swap_added_ms"])]
+    return [row + judged]
+
+
+def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace) -> list[str]:
+    """In front of a real vLLM: req/s direct and through each lifeguard, the ratio, the proxy's CPU."""
+    planes = [("lifeguard", args.data_plane), ("lifeguard-alt", args.also_plane)]
+    planes = [(path, plane) for path, plane in planes if any(f"{path}@{c}" in vllm for c in conns)]
+    cols = ["real vLLM, max_tokens=1", "direct req/s"]
+    for _, plane in planes:
+        cols += [f"lifeguard {plane} req/s (÷ direct)", f"{plane}: proxy CPU/request", f"{plane}: p50 added"]
+    cols += ["vLLM API server CPU/request (direct)", "target", ""]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for c in conns:
+        direct = vllm.get(f"direct@{c}")
+        if not direct:
+            continue
+        row = [f"{c} conn", fmt(direct["rps"])]
+        for path, _ in planes:
+            r = vllm.get(f"{path}@{c}")
+            if not r:
+                row += ["-", "-", "-"]
+                continue
+            row.append(f"{fmt(r['rps'])} ({fmt(ratio(r['rps'], direct['rps']), 'x')})")
+            row += [fmt(r["cpu_us_per_req"], "us"), delta((r["p50_us"] - direct["p50_us"]) / 1000)]
+        row.append(fmt(direct["vllm_api_cpu_us_per_req"], "us"))
+        lg = vllm.get(f"lifeguard@{c}")
+        row += judge("vllm_rps_vs_direct", ratio(lg["rps"], direct["rps"])) if lg else NO_TARGET
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
@@ -181,8 +249,12 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
         rows += lifecycle_rows(res["lifecycle"])
     if res.get("swap"):
         rows += swap_rows(res["swap"])
-    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+    header = head(args)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] if rows else []
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if res.get("vllm"):
+        lines += ([""] if lines else []) + vllm_table(res["vllm"], args.vllm_conns, args)
+    return lines
 
 
 def machine() -> str:

@@ -1,16 +1,21 @@
-"""The performance table (`make bench`): direct to a trivial upstream, through nginx, through vllm-lifeguard.
+"""The performance table (`make bench`): direct to a trivial upstream, through nginx, Envoy and vllm-router
+(the peers), through vllm-lifeguard.
 
 Everything runs on loopback, started and stopped here, under one temp directory:
 * nginx as the trivial upstream (fixed completion body, vLLM's flag routes), one worker;
 * `upstream.py`, a raw-asyncio fake vLLM for what nginx cannot do: paced SSE streams with a send
   timestamp in every event, and `/sleep` / `/wake_up` that flip its flags;
-* nginx as a reverse proxy in front of both (one worker: one proxy process against one proxy process);
-* vllm-lifeguard (`python -m proxy serve`, from this checkout or `--proxy-src`), one process.
+* nginx as a reverse proxy in front of both (one worker: one proxy process against one proxy process),
+  and beside it the other peers when `--peers-bin` has them: Envoy (`--concurrency 1`) and vllm-router;
+* vllm-lifeguard (`python -m proxy serve`, from this checkout or `--proxy-src`), one process on
+  `--data-plane`, and for the non-streaming and SSE loads one more on `--also-plane`;
+* with `--vllm` (or `--only vllm`): a real vLLM-for-CPU, direct vs through the proxy (`realvllm.py`).
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
-One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the three paths and what
-runs behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py` (the five loads), `targets.py` (the
-speed targets, one table), `report.py` (the printed table); this file only runs them.
+One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the paths and what runs
+behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py`, `realvllm.py` (the loads),
+`targets.py` (the speed targets, one table), `report.py` (the printed tables), `charts.py` (the PNGs,
+from `--json`); this file only runs them.
 
 Figures are medians over `--reps` interleaved repetitions. CPU time per request is read from
 /proc/PID/stat around each run, so it holds even when other work shares the cores; throughput and
@@ -35,12 +40,14 @@ from fixed import bench_fixed
 from hold import bench_hold
 from lifecycle import bench_lifecycle
 from procs import log
+from realvllm import bench_vllm
 from report import build_table, machine
 from rig import Rig
 from sse import bench_sse
 from swap import bench_swap
 
 ROOT = Path(__file__).resolve().parents[2]
+RIG_LOADS = {"fixed", "sse", "lifecycle", "hold"}  # the loads that run against start_fixed()'s processes
 
 
 @contextlib.contextmanager
@@ -60,9 +67,10 @@ async def run(args: argparse.Namespace) -> int:
     res: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "func"}}
     log(f"machine: {res['machine']}; vllm-lifeguard from {args.proxy_src}, data plane {args.data_plane}")
     with workdir(args.keep) as wd:
-        rig = Rig(wd, Path(args.proxy_src).resolve(), data_plane=args.data_plane)
+        rig = Rig(wd, Path(args.proxy_src).resolve(), data_plane=args.data_plane, also_plane=args.also_plane)
+        rig.peers_bin = Path(args.peers_bin) if args.peers_bin else None
         try:
-            if args.only - {"swap"}:  # the swap starts fake vLLMs of its own
+            if args.only & RIG_LOADS:  # the swap and the real vLLM start upstreams of their own
                 await rig.start_fixed()
             if "fixed" in args.only:
                 res["fixed"] = await bench_fixed(rig, tuple(args.conns), args.seconds, args.reps)
@@ -74,6 +82,8 @@ async def run(args: argparse.Namespace) -> int:
                 res["swap"] = await bench_swap(rig, args.cycles, args.op_ms)
             if "hold" in args.only:
                 res["hold"] = await bench_hold(rig, args.held, args.seconds, args.hold_reps)
+            if "vllm" in args.only:
+                res["vllm"] = await bench_vllm(rig, tuple(args.vllm_conns), args.vllm_seconds, args.reps)
         except Exception:
             for proc in rig.procs:
                 log(f"--- {proc.name} log tail:\n{proc.tail()}")
@@ -83,6 +93,7 @@ async def run(args: argparse.Namespace) -> int:
     with open("/proc/loadavg") as f:
         res["load_after"] = f.read().split()[:3]
     res["seconds"] = time.monotonic() - started
+    res["paths"] = rig.paths
     print()
     print(f"vllm-lifeguard performance, data plane {args.data_plane} — {res['machine']} "
           f"(after: {' '.join(res['load_after'])})")  # fmt: skip
@@ -100,9 +111,19 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one short repetition of everything, 2,000 held (< 2 min)")
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument(
-        "--only", default="fixed,sse,lifecycle,swap,hold", help="comma list: fixed,sse,lifecycle,swap,hold"
+        "--only", default="fixed,sse,lifecycle,swap,hold", help="comma list: fixed,sse,lifecycle,swap,hold,vllm"
     )
+    parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
     parser.add_argument("--data-plane", default="raw", choices=("raw", "aiohttp"), help="the proxy's front")
+    parser.add_argument(
+        "--also-plane",
+        default="aiohttp",
+        choices=("raw", "aiohttp", ""),
+        help="a second lifeguard on this plane for the fixed, SSE and real-vLLM loads ('' for none)",
+    )
+    parser.add_argument("--peers-bin", default="", help="folder with the `envoy` and `vllm-router` executables")
+    parser.add_argument("--vllm-conns", default="1,16,64")
+    parser.add_argument("--vllm-seconds", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument("--conns", default="1,64,256")
@@ -122,9 +143,12 @@ def main() -> int:
         args.reps, args.hold_reps, args.seconds, args.sse_seconds, args.cycles = 1, 1, 2.0, 2.0, 8
         args.held = min(args.held, 2_000)
     args.only = set(args.only.split(","))
+    if args.vllm:
+        args.only.add("vllm")
+    args.vllm_conns = [int(c) for c in str(args.vllm_conns).split(",")]
     args.conns = [int(c) for c in str(args.conns).split(",")]
     args.streams = [int(s) for s in str(args.streams).split(",")]
-    for tool in ("nginx", "wrk") if args.only - {"swap"} else ():
+    for tool in ("nginx", "wrk") if args.only & RIG_LOADS else ("wrk",) if "vllm" in args.only else ():
         if shutil.which(tool) is None:
             print(f"bench: {tool} not found (scripts/bench.sh installs it)", file=sys.stderr)
             return 2

@@ -11,18 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from proxy.app import create_app
 
-from .conftest import Stack
+from .conftest import Stack, serve_proxy
 
 
 async def _restarted(stack: Stack, aiohttp_client: Any) -> TestClient[Any, Any]:
     await stack.client.close()
-    server = TestServer(create_app(stack.settings))
-    await server.start_server()
-    client: TestClient[Any, Any] = await aiohttp_client(server)
+    client: TestClient[Any, Any] = await serve_proxy(aiohttp_client, create_app(stack.settings), stack.settings)
     deadline = time.monotonic() + 5
     while True:
         state = await (await client.get("/lifeguard/state")).json()
@@ -128,4 +126,56 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_
     await _held(client)
     assert (await client.post("/wake_up")).status == 200
     assert (await _state(client))["state"] == "RUNNING"
+    assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a_restart(
+    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """Chaos finding (bounded run with restarts, seed 9599): a /sleep from PAUSED that did nothing is held as
+    asleep but unconfirmed, so a repeat is sent to vLLM (test_lies 1c). The state file kept the tags and not
+    that they were unconfirmed: the new proxy, seeing "asleep and paused" with the gauge "awake", took them for
+    a confirmed sleep and answered the next two /sleep?level=1 as no-ops on an engine merely paused."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("sleep:lie-asleep")
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
+    assert (await _state(stack.client))["sleep_unconfirmed"] is True
+    client = await _restarted(stack, aiohttp_client)
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["sleep_unconfirmed"] is True
+    engine = stack.sim.state_dict()
+    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
+
+    again = await client.post("/sleep", params={"level": "1"})
+    assert again.status == 200, await again.text()
+    assert "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
+    assert (await _state(client))["sleep_unconfirmed"] is False
+    assert (await client.post("/wake_up")).status == 200
+    assert (await _state(client))["state"] == "PAUSED"  # the user's pause outlives the sleep and the restart
+    assert stack.sim.violations == []
+
+
+async def test_a_sleep_a_restarted_proxy_reads_only_from_the_gauge_is_unconfirmed(
+    make_stack: Any, aiohttp_client: Any
+) -> None:
+    """Chaos finding (bounded run with restarts, seed 9599, raw plane): the proxy was killed while a /sleep from
+    PAUSED was in flight, and that sleep did nothing but set vLLM's sleep-state gauge (a lie). The new proxy had
+    only the gauge to go by, no GPU footprint to compare with, took it for a confirmed sleep at level 1 and
+    answered the next /sleep?level=1 as no-ops on an engine merely paused."""
+    stack = await make_stack()
+    assert (await stack.client.post("/pause")).status == 200
+    stack.faults("sleep:lie-asleep")
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
+    client = await _restarted(stack, aiohttp_client)  # no state file: the answer of that sleep is lost with it
+    state = await _state(client)
+    assert state["state"] == "SLEEPING" and state["sleep_level"] == 1 and state["sleep_unconfirmed"] is True
+    engine = stack.sim.state_dict()
+    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
+
+    again = await client.post("/sleep", params={"level": "1"})
+    assert again.status == 200, await again.text()
+    assert "X-Lifeguard-Noop" not in again.headers
+    assert stack.sim_count("sleep") == 2
     assert stack.sim.violations == []

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.app import create_app
 from proxy.front import Front
+from proxy.seam import RawDataPlane
 
 from .conftest import RawFrontServer, Stack, proxy_settings, raw_exchange, serve_proxy, status_of
 
@@ -358,3 +359,29 @@ async def test_a_held_request_waits_parked_in_the_front_and_goes_straight_to_vll
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
     assert 'lifeguard_inference_requests_total{outcome="forwarded"} 1.0' in metrics
     assert 'lifeguard_hold_duration_seconds_count{outcome="forwarded"} 1.0' in metrics
+
+
+async def test_a_burst_of_control_calls_larger_than_any_listen_backlog_all_reach_the_application(
+    aiohttp_server: Any,
+) -> None:
+    """The seam's connections are not queued behind anything: 64 control calls arrive in one turn of the loop
+    and all 64 are answered by the application. Through a listening unix socket with a backlog below the burst,
+    the connects past the backlog failed (EAGAIN, which asyncio took for a connection: "not connected" on the
+    first write) and their clients were cut (docs/reliability.md, the raw data plane under proxy restarts)."""
+    upstream = await aiohttp_server(Firehose().app)
+    settings = proxy_settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none", data_plane="raw")
+    plane = RawDataPlane(create_app(settings), settings)
+    await plane.start("127.0.0.1", 0, backlog=8)
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        streams = [await asyncio.open_connection("127.0.0.1", plane.port) for _ in range(64)]
+        writers = [writer for _, writer in streams]
+        for writer in writers:  # no await in between: the proxy reads all 64 in its next turn
+            writer.write(b"GET /lifeguard/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = await asyncio.gather(*(_read_response(reader) for reader, _ in streams), return_exceptions=True)
+        assert [a if isinstance(a, BaseException) else a[0] for a in answers] == [200] * 64
+        assert plane.front is not None and plane.front.upstreams.seam.open_connections == 64
+    finally:
+        for writer in writers:
+            writer.close()
+        await plane.close()

@@ -229,3 +229,27 @@ async def test_an_update_inside_a_session_is_refused_once_the_engine_has_failed(
     resp = await stack.client.post("/update_weights", json={"update_info": {}})
     assert resp.status == 503 and resp.headers["X-Lifeguard-Reason"] == "engine_unavailable"
     assert stack.sim_count("update_weights") == before
+
+
+async def test_discarded_weights_stay_discarded_when_the_engine_only_seemed_to_restart(make_stack):
+    """A /health that failed for a while (an overloaded API server, or a proxy that just restarted into a flood)
+    and came back does not prove that vLLM restarted: it may still hold no weights after a level-2 sleep. Taken
+    for a restart, the discarded weights became "restarted" (usable, if stale) and the held requests ran on
+    them (the chaos run, seed 9481: `generate_with_invalid_weights` after a proxy restart)."""
+    stack = await make_stack()
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200  # awake, no weights: held until a reload
+    held = _background(stack)
+    await stack.wait_held(1)
+
+    stack.sim.errored = True  # /health 503 for a while, then 200 again: the same process, still without weights
+    await stack.wait_state("FAILED")
+    stack.sim.errored = False
+    snapshot = await stack.wait_state("RUNNING")
+
+    assert snapshot["weights_stale_reason"] == "discarded"
+    assert not held.done() and stack.sim_count("generate") == 0
+    reload = await stack.client.post("/collective_rpc", json={"method": "reload_weights"})
+    assert reload.status == 200
+    assert (await held).status == 200
+    assert stack.sim.violations == []

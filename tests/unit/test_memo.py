@@ -13,7 +13,7 @@ from proxy.rules import Staleness
 
 def test_a_saved_memo_reads_back_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    memo = Memo(Staleness.DISCARDED, "keep", ("kv_cache", "weights"), 1)
+    memo = Memo(Staleness.DISCARDED, "keep", ("kv_cache", "weights"), 1, sleep_unconfirmed=True)
     StateMemo(str(path)).save(memo)
     assert StateMemo(str(path)).load() == memo
 
@@ -32,6 +32,7 @@ def test_a_memo_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Pa
         {"asleep_tags": ["weights"], "sleep_level": 7},
         {"sleep_level": "1"},
         {"user_pause": 3},
+        {"asleep_tags": ["weights"], "sleep_unconfirmed": "yes"},
         {"weights_stale": "maybe"},
         ["not", "an", "object"],
     ],

@@ -1,0 +1,12 @@
+-- POST a one-token completion to a real vLLM (its served model name is "tiny"); one result line for realvllm.py.
+wrk.method = "POST"
+wrk.body = '{"model":"tiny","prompt":"The capital of France is","max_tokens":1}'
+wrk.headers["Content-Type"] = "application/json"
+
+done = function(summary, latency, requests)
+   local e = summary.errors
+   io.write(string.format(
+      'WRKJSON {"requests":%d,"duration_us":%d,"errors":%d,"non2xx":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"mean_us":%.1f}\n',
+      summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
+      latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+end
