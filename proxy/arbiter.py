@@ -350,7 +350,15 @@ class Arbiter:
 
 def _residency(coordinator: LifecycleCoordinator) -> Residency:
     view = coordinator.record.view()
-    return residency(coordinator.state, view.asleep_tags, unconfirmed=view.sleep_unconfirmed)
+    verifier = coordinator.verifier
+    # A sleep known from vLLM's gauge alone is unconfirmed too; only a reading that shows the awake footprint
+    # still there says it kept its memory (else every engine found asleep at the proxy's start would).
+    kept = (
+        view.sleep_unconfirmed
+        and verifier.last_memory is not None
+        and verifier.memory_freed(verifier.last_memory) is False
+    )
+    return residency(coordinator.state, view.asleep_tags, unconfirmed=kept)
 
 
 def _used_on(reading: GpuReading, gpus: tuple[int, ...]) -> int:
