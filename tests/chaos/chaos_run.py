@@ -507,8 +507,16 @@ def report(
         check(e.recovered, f"{e.label}recovered to RUNNING through the proxy")
         check(e.leftover is not None and e.leftover["held_requests"] == 0 and e.leftover["inflight_requests"] == 0,
               f"{e.label}nothing held or in flight at the end (no leaked admission tickets)")  # fmt: skip
-        not_fired = [k for k in kinds if journal.faults_fired.get(k, 0) == 0]
-        check(not not_fired, f"{e.label}every fault kind fired ({', '.join(not_fired) or 'all ' + str(len(kinds))})")
+        if not several:
+            not_fired = [k for k in kinds if journal.faults_fired.get(k, 0) == 0]
+            check(not not_fired, f"every fault kind fired ({', '.join(not_fired) or 'all ' + str(len(kinds))})")
+    if several:
+        # Coverage of the run, not of each engine: an engine swapped out or down for much of a bounded run leaves
+        # some kinds unfired on it (each safety invariant above still holds per engine).
+        fired_on = {k: [e.name for e in engines if journals[e.name].faults_fired.get(k, 0)] for k in kinds}
+        not_fired = [k for k in kinds if not fired_on[k]]
+        spread = ", ".join(f"{k} on {'+'.join(names)}" for k, names in fired_on.items() if names)
+        check(not not_fired, f"every fault kind fired on some engine ({', '.join(not_fired) or spread})")
     check(
         final_ok == 10, f"{final_ok}/10 requests 200 after the recovery" + (" (the models in turn)" if several else "")
     )
