@@ -28,7 +28,7 @@ from .handlers import render_error_bytes
 from .inflight import InFlightRequests
 from .metrics import Metrics
 from .request_reader import ParsedRequest
-from .upstream_pool import UpstreamConnection, UpstreamPool
+from .upstream_pool import ResponseSink, UpstreamConnection, UpstreamPool
 
 _NO_BODY_STATUS = frozenset({204, 304})
 END_CHUNKS = b"0\r\n\r\n"
@@ -126,11 +126,18 @@ class Relay(Answering):
         self.client.upload_paused(not writable)
 
     # ----- the response
-    def _attached(self, conn: UpstreamConnection) -> None:
-        """`conn` was lent to this exchange (by the kind, which is the connection's response sink)."""
+    def _attach(self, conn: UpstreamConnection, sink: ResponseSink) -> bool:
+        """Take the connection the pool handed over, `sink` (the kind itself) hearing its response; False, and the
+        connection back in the pool, when the client left while this exchange waited for it."""
+        if not self.wants_connection:
+            conn.reusable = True
+            conn.release()
+            return False
+        conn.lend(sink, head_only=self.request.method == b"HEAD")
         self.conn = conn
         if self.client.writing_paused:
             conn.pause_reading()
+        return True
 
     def _head(
         self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], drop: frozenset[bytes], *, seam: bool

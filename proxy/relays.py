@@ -68,12 +68,8 @@ class FastExchange(Relay):
 
     # ----- pool waiter
     def connected(self, conn: UpstreamConnection) -> None:
-        if not self.wants_connection:
-            conn.reusable = True
-            conn.release()
+        if not self._attach(conn, self):
             return
-        conn.lend(self, head_only=self.request.method == b"HEAD")
-        self._attached(conn)
         self._sent_at = time.monotonic()
         conn.write(self._request_bytes())
 
@@ -197,12 +193,8 @@ class SeamExchange(Relay):
 
     # ----- pool waiter
     def connected(self, conn: UpstreamConnection) -> None:
-        if not self.wants_connection:
-            conn.reusable = True
-            conn.release()
+        if not self._attach(conn, self):
             return
-        conn.lend(self, head_only=self.request.method == b"HEAD")
-        self._attached(conn)
         request = self.request
         lines = [b"%b %b HTTP/%b" % (request.method, request.url, request.version.encode())]
         lines += [name + b": " + value for name, value in request.headers if name.lower() != b"expect"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 from typing import Any
 
@@ -12,12 +13,15 @@ from procs import cpu_seconds, log, median_dict, rss_bytes
 from rig import HERE, Rig
 
 
-async def wrk(port: int, conns: int, seconds: float, pid: int | None, script: str = "wrk-post.lua") -> dict[str, float]:
+async def wrk(port: int, conns: int, seconds: float, pid: int | None, max_tokens: int = 2) -> dict[str, float]:
     """One wrk run; adds the proxy's CPU seconds and its RSS sampled half-way."""
-    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / script)]
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / "wrk-post.lua")]
     argv.append(f"http://127.0.0.1:{port}/v1/completions")
     cpu0 = cpu_seconds(pid) if pid else 0.0
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    env = {**os.environ, "WRK_MAX_TOKENS": str(max_tokens)}
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
     await asyncio.sleep(seconds / 2)
     rss = rss_bytes(pid) if pid else 0
     out, err = await proc.communicate()

@@ -56,13 +56,13 @@ async def bench_vllm(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps
         if rig.lg_alt is not None:
             ports["lifeguard-alt"], pids["lifeguard-alt"] = rig.lg_alt_port, rig.lg_alt_pid
         for port in ports.values():  # warm: vLLM's first requests compile and allocate
-            await wrk(port, 4, 2, None, "wrk-vllm.lua")
+            await wrk(port, 4, 2, None, max_tokens=1)
         runs: dict[tuple[str, int], list[dict[str, float]]] = {}
         for conns in conns_list:
             for rep in range(reps):
                 for target, port in ports.items():
                     api0 = cpu_seconds(server.pid) if server.pid else 0.0
-                    result = await wrk(port, conns, seconds, pids[target], "wrk-vllm.lua")
+                    result = await wrk(port, conns, seconds, pids[target], max_tokens=1)
                     api = cpu_seconds(server.pid) - api0 if server.pid else math.nan
                     result["vllm_api_cpu_us_per_req"] = api / max(result["requests"], 1) * 1e6
                     runs.setdefault((target, conns), []).append(result)

@@ -1,6 +1,7 @@
--- POST a small completion request; at the end print one machine-readable line for fixed.py.
+-- POST a small completion request (max_tokens from WRK_MAX_TOKENS, default 2: 1 for a real vLLM, whose served
+-- model is also "tiny"); at the end print one machine-readable line for fixed.py and realvllm.py.
 wrk.method = "POST"
-wrk.body = '{"model":"tiny","prompt":"The capital of France is","max_tokens":2}'
+wrk.body = '{"model":"tiny","prompt":"The capital of France is","max_tokens":' .. (os.getenv("WRK_MAX_TOKENS") or "2") .. '}'
 wrk.headers["Content-Type"] = "application/json"
 
 done = function(summary, latency, requests)

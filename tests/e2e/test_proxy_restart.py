@@ -144,13 +144,7 @@ async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a
     client = await _restarted(stack, aiohttp_client)
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["sleep_unconfirmed"] is True
-    engine = stack.sim.state_dict()
-    assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
-
-    again = await client.post("/sleep", params={"level": "1"})
-    assert again.status == 200, await again.text()
-    assert "X-Lifeguard-Noop" not in again.headers
-    assert stack.sim_count("sleep") == 2
+    await _a_repeated_sleep_reaches_the_merely_paused_engine(stack, client)
     assert (await _state(client))["sleep_unconfirmed"] is False
     assert (await client.post("/wake_up")).status == 200
     assert (await _state(client))["state"] == "PAUSED"  # the user's pause outlives the sleep and the restart
@@ -171,11 +165,14 @@ async def test_a_sleep_a_restarted_proxy_reads_only_from_the_gauge_is_unconfirme
     client = await _restarted(stack, aiohttp_client)  # no state file: the answer of that sleep is lost with it
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["sleep_level"] == 1 and state["sleep_unconfirmed"] is True
+    await _a_repeated_sleep_reaches_the_merely_paused_engine(stack, client)
+    assert stack.sim.violations == []
+
+
+async def _a_repeated_sleep_reaches_the_merely_paused_engine(stack: Any, client: Any) -> None:
     engine = stack.sim.state_dict()
     assert engine["paused"] is True and engine["asleep_tags"] == [], engine  # only paused
-
     again = await client.post("/sleep", params={"level": "1"})
     assert again.status == 200, await again.text()
     assert "X-Lifeguard-Noop" not in again.headers
     assert stack.sim_count("sleep") == 2
-    assert stack.sim.violations == []
