@@ -20,7 +20,6 @@ closed without a word, as aiohttp did.
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Callable
 
@@ -39,6 +38,7 @@ from .target import canonical_target
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_S = 2.0
 _DECIDED_CACHE_SIZE = 256
+_NOT_PAUSED: frozenset[str] = frozenset()
 
 
 class Front:
@@ -61,6 +61,7 @@ class Front:
         self.active = 0
         self._decided: dict[tuple[bytes, bytes], bytes] = {}
         self._drained: asyncio.Future[None] | None = None
+        self.weights_stale: Callable[[], bool] = lambda: coordinator.weights_stale  # one for every held request
 
     def inference_target(self, method: bytes, url: bytes) -> bytes | BadTarget | None:
         """The origin-form target to send vLLM when (method, url) is an inference route, None when it is not,
@@ -107,11 +108,31 @@ class Front:
 
 
 class FrontConnection(asyncio.Protocol):
+    # Thousands stay open at once while requests are held (issue 21: < 2 KB each): slots, and nothing made per
+    # connection before it is needed (docs/performance.md, "Held requests: where the bytes go").
+    __slots__ = (
+        "_front",
+        "transport",
+        "_reader",
+        "_queue",
+        "_active",
+        "_idle_timer",
+        "_idle_deadline",
+        "_body_timer",
+        "_refusal",
+        "_read_pauses",
+        "writing_paused",
+        "_closing",
+        "_close_after",
+        "_pumping",
+    )
+
     def __init__(self, front: Front) -> None:
         self._front = front
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self._reader = RequestReader(self._head_read)
-        self._queue: collections.deque[ParsedRequest] = collections.deque()
+        # Mostly empty or one request: a list (a deque takes a 64-slot block, ~600 B, at once).
+        self._queue: list[ParsedRequest] = []
         self._active: Exchange | None = None
         # One timer per connection, re-armed only when it fires: a request in progress clears the deadline, an
         # answer moves it (no timer handle made and cancelled per request).
@@ -119,7 +140,7 @@ class FrontConnection(asyncio.Protocol):
         self._idle_deadline: float | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: LifeguardError | None = None
-        self._read_pauses: set[str] = set()
+        self._read_pauses = _NOT_PAUSED  # rebuilt on a pause or resume, which are rare
         self.writing_paused = False
         self._closing = False
         self._close_after = False
@@ -215,7 +236,7 @@ class FrontConnection(asyncio.Protocol):
             if not (request.complete or request.error.close_connection):
                 self._await_body(request)
                 return False
-            self._queue.popleft()
+            self._queue.pop(0)
             self._answer(request, request.error)
             return True
         exchange: Exchange
@@ -247,13 +268,13 @@ class FrontConnection(asyncio.Protocol):
                     front.upstreams,
                     front.gate,
                     request.fast_target,
-                    lambda: front.coordinator.weights_stale,
+                    front.weights_stale,
                 )
         else:
             if request.expect_continue and not request.complete:
                 self.transport.write(_CONTINUE)
             exchange = SeamExchange(self, request, front.upstreams)
-        self._queue.popleft()
+        self._queue.pop(0)
         self._active = exchange
         front.active += 1
         exchange.start()
@@ -270,7 +291,7 @@ class FrontConnection(asyncio.Protocol):
         self._body_timer = None
         if self._closing or self._active is not None or not self._queue:
             return
-        request = self._queue.popleft()
+        request = self._queue.pop(0)
         self._answer(request, request.error or BodyTimeout(f"the request body did not arrive within {timeout:g} s"))
 
     # ----- answering
@@ -352,7 +373,7 @@ class FrontConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.transport.write_eof()
-        self._read_pauses.clear()
+        self._read_pauses = _NOT_PAUSED
         self.transport.resume_reading()
         self._idle_timer = asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
         self._idle_deadline = None
@@ -390,11 +411,11 @@ class FrontConnection(asyncio.Protocol):
     def _pause_reading(self, reason: str) -> None:
         if not self._read_pauses and not self._closing:
             self.transport.pause_reading()
-        self._read_pauses.add(reason)
+        self._read_pauses |= {reason}
 
     def _resume_reading(self, reason: str) -> None:
         if reason in self._read_pauses:
-            self._read_pauses.discard(reason)
+            self._read_pauses -= {reason}
             if not self._read_pauses and not self._closing:
                 self.transport.resume_reading()
 
