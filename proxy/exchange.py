@@ -84,6 +84,8 @@ def chunk(data: bytes) -> bytes:
 class Answering:
     """What every kind shares: the request, the client connection it is answered on, and an error answer."""
 
+    __slots__ = ("client", "request", "finished", "head_sent", "close_client")
+
     def __init__(self, client: ClientSide, request: ParsedRequest) -> None:
         self.client = client
         self.request = request

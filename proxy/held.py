@@ -21,6 +21,8 @@ class HeldExchange(Answering):
     Admitted, it goes on as a `FastExchange` on the same client connection; refused (deadline, queue full,
     engine failed, shutdown), it is answered with the gate's error, as the aiohttp handler answered it."""
 
+    __slots__ = ("_up", "_gate", "_target", "_stale", "_parked")
+
     def __init__(
         self,
         client: ClientSide,

@@ -27,6 +27,31 @@ MAX_HEADER_LINE = 8190
 MAX_HEADERS = 128
 MAX_HEAD = 64 * 1024
 
+# Shared instead of one copy per held request (issue 21): no tokens, and the header names (as sent) and the
+# Host and Content-Type values that nearly every request repeats; values only while the table has room.
+_NO_TOKENS: frozenset[bytes] = frozenset()
+_NAMES = {
+    name: name
+    for common in (
+        b"Host",
+        b"Content-Type",
+        b"Content-Length",
+        b"User-Agent",
+        b"Accept",
+        b"Accept-Encoding",
+        b"Authorization",
+        b"Connection",
+        b"X-Request-Id",
+        b"Transfer-Encoding",
+        b"Expect",
+    )  # fmt: skip
+    for name in (common, common.lower())
+}
+_SHARED_VALUE_NAMES = frozenset({b"host", b"content-type"})
+_SHARED_VALUES: dict[bytes, bytes] = {}
+_SHARED_VALUES_MAX = 256
+_SHARED_VALUE_LEN = 128
+
 
 class _Refused(Exception):
     """Raised from a parser callback to stop llhttp; the error to answer is on the connection."""
@@ -64,7 +89,7 @@ class ParsedRequest:
         self.keep_alive = True
         self.chunked = False
         self.content_length: int | None = None
-        self.connection_tokens: frozenset[bytes] = frozenset()
+        self.connection_tokens = _NO_TOKENS
         self.expect_continue = False
         self.head_done = False
         self.started = 0.0  # time.monotonic() when the head was complete, as the aiohttp handler began
@@ -80,6 +105,8 @@ class ParsedRequest:
 
 class RequestReader:
     """Feeds llhttp; hands each request on once its head is complete (`on_head`), then fills in its body."""
+
+    __slots__ = ("_on_head", "_parser", "_parsing", "_head_bytes", "_refusal", "upgraded")
 
     def __init__(self, on_head: Callable[[ParsedRequest], None]) -> None:
         self._on_head = on_head
@@ -128,11 +155,18 @@ class RequestReader:
         if len(name) + len(value) + 2 > MAX_HEADER_LINE or len(request.headers) >= MAX_HEADERS:
             self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
                                        f"{MAX_HEADERS} headers"))  # fmt: skip
-        request.headers.append((name, value))
         request.head_size += len(name) + len(value) + 4
         if request.head_size + len(request.url) > MAX_HEAD:
             self._stop(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
+        name = _NAMES.get(name, name)
         lowered = name.lower()
+        if lowered in _SHARED_VALUE_NAMES and len(value) <= _SHARED_VALUE_LEN:
+            shared = _SHARED_VALUES.get(value)
+            if shared is not None:
+                value = shared
+            elif len(_SHARED_VALUES) < _SHARED_VALUES_MAX:
+                _SHARED_VALUES[value] = value
+        request.headers.append((name, value))
         if lowered == b"host":
             request.host = True
         elif lowered == b"content-length":
@@ -147,7 +181,8 @@ class RequestReader:
     def on_headers_complete(self) -> None:
         request = self._current()
         request.method = self._parser.get_method()
-        request.version = self._parser.get_http_version()
+        version = self._parser.get_http_version()
+        request.version = "1.1" if version == "1.1" else version  # one str, not one per request
         request.keep_alive = self._parser.should_keep_alive()
         request.head_done = True
         request.started = time.monotonic()
