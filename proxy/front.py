@@ -270,6 +270,7 @@ class FrontConnection(asyncio.Protocol):
                     request.fast_target,
                     front.weights_stale,
                 )
+                self._reader.rest()  # a held request's connection waits without llhttp's parser
         else:
             if request.expect_continue and not request.complete:
                 self.transport.write(_CONTINUE)

@@ -106,20 +106,24 @@ class ParsedRequest:
 class RequestReader:
     """Feeds llhttp; hands each request on once its head is complete (`on_head`), then fills in its body."""
 
-    __slots__ = ("_on_head", "_parser", "_parsing", "_head_bytes", "_refusal", "upgraded")
+    __slots__ = ("_on_head", "_parser", "_parsing", "_head_bytes", "_refusal", "upgraded", "_reusable")
 
     def __init__(self, on_head: Callable[[ParsedRequest], None]) -> None:
         self._on_head = on_head
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._parsing: ParsedRequest | None = None
+        self._reusable = False  # the last request ended where a new parser may start: keep-alive, nothing after
         self._head_bytes = 0
         self._refusal: LifeguardError | None = None
         self.upgraded = False
 
     def feed(self, data: bytes) -> LifeguardError | None:
         """Parse `data`; the error to answer when the stream of requests cannot be read on."""
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = httptools.HttpRequestParser(self)
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # No protocol switch through the proxy (Upgrade is hop-by-hop): the request is answered as a plain
             # one, and the connection ends with that answer.
@@ -138,6 +142,13 @@ class RequestReader:
             if self._head_bytes > MAX_HEAD:
                 return HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes")
         return None
+
+    def rest(self) -> None:
+        """Let llhttp's parser go (~0.9 KB) while the request read last waits (held: issue 21). Only between
+        keep-alive requests, where llhttp starts the next one in the state a new parser starts in; made again
+        when bytes arrive."""
+        if self._reusable and self._parsing is None and not self.upgraded:
+            self._parser = None
 
     # ----- llhttp's callbacks
     def on_message_begin(self) -> None:
@@ -180,10 +191,12 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         request = self._current()
-        request.method = self._parser.get_method()
-        version = self._parser.get_http_version()
+        parser = self._parser
+        assert parser is not None  # called from its feed_data
+        request.method = parser.get_method()
+        version = parser.get_http_version()
         request.version = "1.1" if version == "1.1" else version  # one str, not one per request
-        request.keep_alive = self._parser.should_keep_alive()
+        request.keep_alive = parser.should_keep_alive()
         request.head_done = True
         request.started = time.monotonic()
         if not request.host and request.version == "1.1":
@@ -197,7 +210,9 @@ class RequestReader:
             request.body.append(body)
 
     def on_message_complete(self) -> None:
-        self._current().complete = True
+        request = self._current()
+        request.complete = True
+        self._reusable = request.keep_alive
         self._parsing = None
 
     def _current(self) -> ParsedRequest:
