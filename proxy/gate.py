@@ -6,7 +6,8 @@ asyncio runs one callback at a time, so the admission read and the in-flight inc
 
 Two kinds of held request share the queue and its rules: a coroutine waiting in `admit` (the aiohttp
 application), and a `Parked` request of the raw front (proxy/front.py), which is only its callbacks and a
-deadline timer: no task, future or `web.Request` per held request.
+deadline: no task, future, timer or `web.Request` per held request. Parked requests enter the queue in the
+order of their deadlines (one hold timeout for all), so one timer, at the first deadline, serves them all.
 
 Every held request ends exactly one way: released (forwarded), client gone (the handler was
 cancelled), its deadline (`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a
@@ -58,15 +59,15 @@ class ParkedOwner(Protocol):
 class Parked:
     """A raw-front request held in the gate's queue; `cancel()` when its client leaves."""
 
-    __slots__ = ("_gate", "_owner", "_size", "_timer", "_started", "_ended")
+    __slots__ = ("_gate", "_owner", "_size", "_deadline", "_started", "_ended")
 
-    def __init__(self, gate: RequestGate, owner: ParkedOwner, size: int, timeout_s: float) -> None:
+    def __init__(self, gate: RequestGate, owner: ParkedOwner, size: int, deadline: float) -> None:
         self._gate = gate
         self._owner = owner
         self._size = size
+        self._deadline = deadline  # on the loop's clock; the gate's one timer ends it (`_deadlines_due`)
         self._started = time.monotonic()
         self._ended = False
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expired)
 
     def cancel(self) -> None:
         if self._end("client_gone"):
@@ -93,7 +94,6 @@ class Parked:
         if self._ended:
             return False
         self._ended = True
-        self._timer.cancel()
         self._gate._held_bytes -= self._size
         self._gate._on_hold_ended(outcome, time.monotonic() - self._started)
         return True
@@ -122,6 +122,7 @@ class RequestGate:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed: LifeguardError | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self.last_activity = time.monotonic()
 
     @property
@@ -194,11 +195,35 @@ class RequestGate:
         or refused with the error), unless the request is cancelled first."""
         self._check_room(size)
         self._held_bytes += size
-        parked = Parked(self, owner, size, self._hold_timeout_s)
+        loop = asyncio.get_running_loop()
+        parked = Parked(self, owner, size, loop.time() + self._hold_timeout_s)
         self._held.append(parked)
+        if self._deadline_timer is None:  # else it is armed at an earlier deadline, which re-arms it
+            self._deadline_timer = loop.call_at(parked._deadline, self._deadlines_due)
         if self._sleeping:
             self.on_held_while_sleeping()
         return parked
+
+    def _deadlines_due(self) -> None:
+        """The one deadline timer: end every parked request whose deadline has come (they are in deadline
+        order), then arm it at the next one."""
+        self._deadline_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due: list[Parked] = []
+        for waiter in self._held:
+            if isinstance(waiter, Parked):
+                if waiter._deadline > now:
+                    break
+                due.append(waiter)
+        for parked in due:
+            parked._expired()  # its owner's answer may park a request, arming the timer: re-armed below
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        first = next((waiter for waiter in self._held if isinstance(waiter, Parked)), None)
+        if first is not None:
+            self._deadline_timer = loop.call_at(first._deadline, self._deadlines_due)
 
     def _check_room(self, size: int) -> None:
         """Raise the error of a request that may not be held."""

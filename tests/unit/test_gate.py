@@ -210,3 +210,32 @@ async def test_a_parked_request_ends_once_whether_cancelled_timed_out_or_failed(
     assert g.held == 0 and g.held_bytes == 0 and order == []
     with pytest.raises(ShuttingDown):
         g.park(Owner(g, "after", order))
+
+
+async def test_one_timer_ends_parked_requests_at_their_deadlines_in_order() -> None:
+    g, endings = gate()
+    order: list[str] = []
+    first, second, third = Owner(g, "1", order), Owner(g, "2", order), Owner(g, "3", order)
+    a, b = g.park(first), g.park(second)
+    timer = g._deadline_timer
+    assert timer is not None and timer.when() == a._deadline <= b._deadline
+    a._deadline = b._deadline = 0.0  # both due, without waiting for them
+    g.park(third)
+    g._deadlines_due()
+    assert isinstance(first.error, HoldTimeout) and isinstance(second.error, HoldTimeout) and third.error is None
+    assert endings == ["hold_timeout", "hold_timeout"] and g.held == 1
+    # Armed again at the one left, and only once.
+    assert g._deadline_timer is not None and g._deadline_timer is not timer
+    assert g._deadline_timer.when() == g._held[0]._deadline  # type: ignore[union-attr]
+
+
+async def test_parked_requests_time_out_without_other_timers() -> None:
+    g, endings = gate(hold_timeout_s=0.0)
+    order: list[str] = []
+    owners = [Owner(g, str(i), order) for i in range(3)]
+    for owner in owners:
+        g.park(owner)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert all(isinstance(o.error, HoldTimeout) for o in owners) and endings == ["hold_timeout"] * 3
+    assert g.held == 0 and g._deadline_timer is None
