@@ -270,7 +270,10 @@ class FrontConnection(asyncio.Protocol):
                     request.fast_target,
                     front.weights_stale,
                 )
-                self._reader.rest()  # a held request's connection waits without llhttp's parser
+                # A held request's connection waits without llhttp's parser, and without the idle timer, which
+                # would do nothing when it fired (a request is in progress); the answer arms it again.
+                self._reader.rest()
+                self._cancel_idle_timer()
         else:
             if request.expect_continue and not request.complete:
                 self.transport.write(_CONTINUE)
@@ -403,11 +406,14 @@ class FrontConnection(asyncio.Protocol):
             self._body_timer.cancel()
             self._body_timer = None
 
-    def _cancel_timers(self) -> None:
-        self._cancel_body_timer()
+    def _cancel_idle_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_body_timer()
+        self._cancel_idle_timer()
 
     def _pause_reading(self, reason: str) -> None:
         if not self._read_pauses and not self._closing:
