@@ -110,7 +110,7 @@ class RequestReader:
 
     def __init__(self, on_head: Callable[[ParsedRequest], None]) -> None:
         self._on_head = on_head
-        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = None  # made when the first bytes arrive
         self._parsing: ParsedRequest | None = None
         self._reusable = False  # the last request ended where a new parser may start: keep-alive, nothing after
         self._head_bytes = 0

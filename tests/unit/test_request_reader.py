@@ -16,6 +16,7 @@ def reader() -> tuple[RequestReader, list[ParsedRequest]]:
 
 def test_rest_between_keep_alive_requests_reads_the_next_one() -> None:
     r, heads = reader()
+    assert r._parser is None  # an open connection has none until bytes arrive
     assert r.feed(KEEP) is None
     r.rest()
     assert r._parser is None
