@@ -42,7 +42,10 @@ Measured = tuple[tracemalloc.Snapshot, int]
 def report(title: str, before: Measured, after: Measured, n: int) -> None:
     diff = after[0].compare_to(before[0], "lineno")
     total = sum(d.size_diff for d in diff)
-    print(f"\n{title}: traced {total / n:.0f} B per client, RSS {(after[1] - before[1]) / n:.0f} B per client")
+    own = sum(d.size_diff for d in diff if "/proxy/" in d.traceback[0].filename)
+    rss = (after[1] - before[1]) / n
+    print(f"\n{title}: traced {total / n:.0f} B per client ({own / n:.0f} B in proxy/, the rest asyncio, socket and "
+          f"the interpreter), RSS {rss:.0f} B per client (tracemalloc's own bookkeeping too)")  # fmt: skip
     for d in diff[:16]:
         if abs(d.size_diff) / n < 8:
             break
