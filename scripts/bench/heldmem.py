@@ -97,6 +97,7 @@ async def run(count: int, src: Path) -> None:
         upstream.terminate()
         proc.wait()
         upstream.wait()
+        out.rmdir()  # each snapshot is removed once read
 
 
 async def _snap(proc: subprocess.Popen[bytes], out: Path) -> Measured:
