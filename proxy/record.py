@@ -251,6 +251,10 @@ class EngineRecord:
         slept_while_paused = state is State.PAUSED and _gauge_sleep_level(obs, memory_freed) is not None
         if seen != expected or slept_while_paused:
             before = state.value
+            if state is State.SLEEPING and seen == (False, False):
+                # Awake with no wake of ours: a wake behind our back, or a restart between two rounds (its fresh
+                # checkpoint answers otherwise); the golden canary answer can no longer be vouched for.
+                self._on_weights_changed()
             self.adopt(obs, hint=state, memory_freed=memory_freed)
             event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}
             self.drift_events.append(event)

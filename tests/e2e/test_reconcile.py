@@ -274,3 +274,24 @@ async def test_an_engine_restarted_between_two_reconcile_rounds_is_not_failed_fo
     snapshot = await stack.state()
     assert snapshot["state"] == "RUNNING", (wake.status, await wake.text())
     assert snapshot["weights_stale_reason"] == "restarted"
+
+
+async def test_an_engine_found_awake_where_it_was_held_asleep_is_not_failed_for_its_canary(make_stack):
+    """The two-engine chaos run (seed 4158), as it happened: vLLM, asleep at level 1 after a weight update,
+    restarted and came back awake; a reconcile round adopted that as drift (SLEEPING -> RUNNING) but kept the
+    golden canary answer of the trained weights, so the next wake's canary "drifted" against the fresh
+    checkpoint and the engine was held FAILED (garbage) though healthy."""
+    stack = await make_stack()
+    await _finish_a_weight_update(stack)
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200  # its canary is the golden of the new weights
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+
+    stack.sim.restart()  # awake again, on its initial checkpoint
+    await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 1)
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    wake = await stack.client.post("/wake_up")
+
+    assert wake.status == 200, await wake.text()
+    assert (await stack.state())["state"] == "RUNNING"
+    assert stack.sim.violations == []
