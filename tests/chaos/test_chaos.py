@@ -1,5 +1,5 @@
 """`pytest -m chaos`: the bounded chaos runs as tests (the same runs `make chaos` does with --quick, and
-`make chaos-engines`: two engines on one simulated GPU, not in CI yet; docs/reliability.md)."""
+`make chaos-engines`: two engines on one simulated GPU; docs/reliability.md)."""
 
 from __future__ import annotations
 
