@@ -165,8 +165,8 @@ class Arbiter:
         name, gpus = slot.config.name, slot.config.gpus
         tried: set[str] = set()
         refused: list[str] = []
+        need = await self._wake_need(slot, call)  # it sleeps on, its GPUs locked: only the others change
         while True:
-            need = await self._wake_need(slot, call)
             free = free_per_gpu(await self._gpu.read(), gpus)
             plan = plan_room(
                 gpus, need, free, list(self._neighbours(name, tried)), may_drain=self._settings.drain_before_sleep_s > 0
@@ -266,11 +266,10 @@ class Arbiter:
             # Its own reading (the simulator's file has one per engine; NVML's device totals do not).
             reading = await slot.coordinator.verifier.read_memory()
             resident = reading.used_bytes if reading.available else None
-        footprint_gib = slot.config.footprint_gib
-        awake = int(footprint_gib * GIB) if footprint_gib is not None else slot.coordinator.verifier.awake_footprint
-        return wake_need(
-            self.footprint(slot.config.name), view.asleep_tags, wakes, awake_bytes=awake, resident=resident
-        )
+        footprint = self.footprint(slot.config.name)
+        # On the scale of `resident` (its own reading), not a measure of the device's growth.
+        awake = footprint if slot.config.footprint_gib is not None else slot.coordinator.verifier.awake_footprint
+        return wake_need(footprint, view.asleep_tags, wakes, awake_bytes=awake, resident=resident)
 
     def _neighbours(self, name: str, tried: set[str]) -> Iterator[Neighbour]:
         for other in self._slots.values():

@@ -41,7 +41,8 @@ class Residency(enum.Enum):
 
 
 def residency(state: State, asleep_tags: frozenset[str], *, unconfirmed: bool = False) -> Residency:
-    """`unconfirmed`: the record's `sleep_unconfirmed` (rules.EngineView)."""
+    """`unconfirmed`: asleep by the flags, but its memory is known to be still there (the arbiter: the record's
+    `sleep_unconfirmed` and a reading that shows nothing freed)."""
     if state in (State.STARTING, State.FAILED):
         return Residency.UNKNOWN
     if state is State.SLEEPING:
