@@ -361,6 +361,40 @@ async def test_a_held_request_waits_parked_in_the_front_and_goes_straight_to_vll
     assert 'lifeguard_hold_duration_seconds_count{outcome="forwarded"} 1.0' in metrics
 
 
+async def test_a_smuggling_attempt_pipelined_behind_a_held_request_meets_a_parser_as_strict_as_the_first(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    """A held request's connection lets llhttp's parser go and makes a new one when bytes arrive (issue 21,
+    memory per held client): the request after it, CL+TE framing with a /sleep behind, is refused as on a
+    fresh connection, and the /sleep never reaches vLLM."""
+    stack = await _raw_stack(make_stack)
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
+    sleeps = stack.sim_count("sleep")
+    server = stack.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(_completion())
+        await stack.wait_held(1)
+        held = [conn for conn in _front(stack).connections if conn._active is not None]
+        assert [conn._reader._parser for conn in held] == [None]  # the parser was let go while it waits
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0\r\n\r\n" + SMUGGLED
+        )
+        await writer.drain()
+        assert (await stack.client.post("/wake_up")).status == 200
+        status, _, body = await _read_response(reader)
+        assert status == 200 and json.loads(body)["choices"]
+        async with asyncio.timeout(10):
+            refusal = await reader.read()  # then the connection ends
+    finally:
+        writer.close()
+    assert status_of(refusal) == 400 and b"\r\nConnection: close\r\n" in refusal, refusal[:300]
+    assert _error(refusal)["reason"] == "bad_request"
+    assert stack.sim_count("sleep") == sleeps, "the smuggled /sleep reached vLLM"
+    assert (await stack.state())["state"] == "RUNNING"
+
+
 async def test_a_burst_of_control_calls_larger_than_any_listen_backlog_all_reach_the_application(
     aiohttp_server: Any,
 ) -> None:
