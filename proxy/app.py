@@ -1,89 +1,127 @@
-"""`create_app`: builds one proxy instance (no globals) and wires its parts together.
+"""`Lifeguard`: one running proxy: its engines (proxy/engine.py), what stands above them, and the front on
+its listening socket (proxy/front.py). No globals: tests build as many as they like.
 
-Shutdown order (aiohttp's runner): the listening socket closes, `on_shutdown` answers every held
-request 503 `shutting_down` at once, in-flight requests and streams get the runner's grace period,
-then the background loop stops and the upstream session closes.
+Start: the engines (each starts finding out what its vLLM is), then the socket. Shutdown: the socket stops
+accepting; every engine answers its held requests 503 `shutting_down` and refuses new ones; exchanges in
+progress (streams included) get `shutdown_grace_s`; then every connection closes, the engines' loops and
+calls end, and the connections to vLLM close.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import socket
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from . import __version__
+from .arbiter import Arbiter
 from .config import Settings
-from .coordinator import LifecycleCoordinator
-from .forward import Forwarder
-from .gate import RequestGate
-from .gpu import GpuMemoryReader, GpuReading, make_reader
-from .handlers import (
-    COORDINATOR,
-    FORWARDER,
-    GATE,
-    INFLIGHT,
-    METRICS,
-    MOUNT,
-    ROUTES,
-    SETTINGS,
-    UNKNOWN_ROUTES,
-    error_middleware,
-    healthz,
-    proxy,
-    readyz,
-    state,
-)
-from .inflight import InFlightRequests
+from .engine import Engine
+from .fleet import Fleet
+from .front import Front
+from .gpu import GpuMemoryReader, make_engine_reader, make_reader
 from .metrics import Metrics
-from .policies import Policies
-from .probes import Verifier
-from .reconcile import reconcile_loop
+from .model_directory import ModelDirectory
 from .routes import LIFECYCLE_PATHS, build_table
+from .routing import Router
 from .states import TRANSITIONS, State
-from .tasks import Tasks
-from .unknown_routes import UnknownRoutes
-from .upstream import VllmClient
 
 
-def create_app(
-    settings: Settings,
-    *,
-    registry: CollectorRegistry | None = None,
-    gpu: GpuMemoryReader | None = None,
-    mount: str | None = None,
-    on_engine: Callable[[LifecycleCoordinator, RequestGate], None] | None = None,
-) -> web.Application:
-    """The proxy as an aiohttp application; `settings.upstream` must be set. Several engines on one port
-    (proxy/engines.py) mount one each at `mount`, and `on_engine` is told each one's coordinator and gate."""
-    if settings.upstream is None or not settings.upstream.startswith(("http://", "https://")):
-        raise ValueError("create_app needs settings.upstream as an http(s) URL (the CLI starts the simulator)")
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
-    metrics = Metrics(
-        registry if registry is not None else CollectorRegistry(),
-        version=__version__,
-        states=[s.value for s in State],
-        operations=sorted(set(LIFECYCLE_PATHS.values())),
-        edges=_edges(),
-    )
-    app[SETTINGS] = settings
-    app[METRICS] = metrics
-    if mount is not None:
-        app[MOUNT] = mount
-    app[ROUTES] = build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)
-    app[UNKNOWN_ROUTES] = UnknownRoutes(metrics)
-    app.cleanup_ctx.append(
-        _engine_context(settings, metrics, gpu or make_reader(settings.gpu_probe, settings.gpu_devices), on_engine)
-    )
-    app.on_shutdown.append(_on_shutdown)
-    app.router.add_get("/lifeguard/state", state)
-    app.router.add_get("/lifeguard/healthz", healthz)
-    app.router.add_get("/lifeguard/readyz", readyz)
-    app.router.add_get("/lifeguard/metrics", metrics.handler())
-    app.router.add_route("*", "/{tail:.*}", proxy)
-    return app
+class Lifeguard:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: CollectorRegistry | None = None,
+        gpu: GpuMemoryReader | None = None,
+    ) -> None:
+        """`gpu`: the reader of the GPUs' device totals (default: `settings.gpu_probe`)."""
+        self.settings = settings
+        self.engine_settings = settings.guarded_engines()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._gpu = gpu
+        self._session: aiohttp.ClientSession | None = None
+        self._server: asyncio.Server | None = None
+        self.fleet: Fleet | None = None
+        self.front: Front | None = None
+
+    @property
+    def engines(self) -> dict[str, Engine]:
+        assert self.fleet is not None, "Lifeguard.start() first"
+        return self.fleet.engines
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self, host: str, port: int, *, backlog: int = 4096, sock: socket.socket | None = None) -> None:
+        """Build and start the engines, then listen on `host:port` (or on `sock`)."""
+        settings = self.settings
+        names = [engine.name for engine in self.engine_settings]
+        metrics = Metrics(
+            self.registry,
+            version=__version__,
+            engines=names,
+            states=[s.value for s in State],
+            operations=sorted(set(LIFECYCLE_PATHS.values())),
+            edges=_edges(),
+        )
+        # The engines' own calls to vLLM (lifecycle, verification, canary, model lookup): few, each with a deadline.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=settings.upstream_max_connections, keepalive_timeout=settings.upstream_keepalive_s
+            ),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
+            auto_decompress=False,
+        )
+        devices = self._gpu or make_reader(settings.gpu_probe, settings.gpu_devices)
+        several = len(self.engine_settings) > 1
+        engines = {
+            config.name: Engine(
+                settings.for_engine(config),
+                config,
+                metrics=metrics.engine(config.name),
+                # Alone, an engine's memory is the devices'; beside others, only its own share can say.
+                gpu=make_engine_reader(settings.gpu_probe, config.name) if several else devices,
+                session=self._session,
+            )
+            for config in self.engine_settings
+        }
+        self.fleet = Fleet(
+            settings=settings,
+            engines=engines,
+            arbiter=Arbiter(settings, engines, devices, metrics) if several else None,
+            directory=ModelDirectory(engines),
+            router=Router(engines, build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)),
+            metrics=metrics,
+        )
+        self.front = Front(self.fleet)
+        for engine in engines.values():
+            engine.start()
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            self._server = await loop.create_server(self.front.protocol, sock=sock, backlog=backlog)
+        else:
+            self._server = await loop.create_server(self.front.protocol, host, port, backlog=backlog)
+
+    async def close(self) -> None:
+        """Stop accepting, answer what is held, give what runs `shutdown_grace_s`, then close everything."""
+        if self._server is not None:
+            self._server.close()
+        if self.fleet is not None:
+            for engine in self.fleet.engines.values():
+                engine.stop_admitting()
+        if self.front is not None:
+            await self.front.drain(self.settings.shutdown_grace_s)
+        if self.fleet is not None:
+            await self.fleet.tasks.close()
+            await asyncio.gather(*(engine.close() for engine in self.fleet.engines.values()))
+        if self._session is not None:
+            await self._session.close()
 
 
 def _edges() -> list[tuple[str, str]]:
@@ -94,67 +132,3 @@ def _edges() -> list[tuple[str, str]]:
             if src is not t["dest"]:
                 edges.add((src.value, t["dest"].value))
     return sorted(edges)
-
-
-def _engine_context(
-    settings: Settings,
-    metrics: Metrics,
-    gpu: GpuMemoryReader,
-    on_engine: Callable[[LifecycleCoordinator, RequestGate], None] | None,
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def context(app: web.Application) -> AsyncIterator[None]:
-        assert settings.upstream is not None
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=settings.upstream_max_connections, keepalive_timeout=settings.upstream_keepalive_s
-            ),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
-            auto_decompress=False,
-        )
-        client = VllmClient(session, settings.upstream, control_timeout_s=settings.control_call_timeout_s)
-        verifier = Verifier(
-            client,
-            gpu,
-            settings,
-            on_check=metrics.verification,
-            on_memory=lambda reading: _report_memory(metrics, reading),
-        )
-        gate = RequestGate(
-            max_held=settings.max_held_requests,
-            max_held_bytes=settings.max_held_bytes,
-            hold_timeout_s=settings.hold_timeout_s,
-            on_hold_ended=metrics.hold_finished,
-        )
-        metrics.watch_counts(lambda: gate.held, lambda: gate.inflight)
-        tasks = Tasks()
-        inflight = InFlightRequests()
-        coordinator = LifecycleCoordinator(settings, client, verifier, gate, metrics, tasks, inflight)
-        policies = Policies(settings, coordinator, gate, metrics)
-        gate.on_held_while_sleeping = policies.request_held_while_sleeping
-        if on_engine is not None:
-            on_engine(coordinator, gate)
-        app[GATE] = gate
-        app[INFLIGHT] = inflight
-        app[COORDINATOR] = coordinator
-        app[FORWARDER] = Forwarder(session, settings.upstream, on_latency=metrics.upstream_latency)
-        stop = asyncio.Event()
-        loop_task = tasks.spawn(
-            reconcile_loop(coordinator, policies, settings.reconcile_interval_s, stop), name="reconcile"
-        )
-        yield
-        stop.set()
-        await loop_task
-        await tasks.close()  # a lifecycle call or policy action still running ends here, not after the loop
-        await session.close()
-
-    return context
-
-
-def _report_memory(metrics: Metrics, reading: GpuReading) -> None:
-    metrics.gpu_probe_available(reading.available)
-    for device in reading.devices:
-        metrics.gpu_memory(device.gpu, device.used_bytes, device.total_bytes)
-
-
-async def _on_shutdown(app: web.Application) -> None:
-    app[COORDINATOR].close()

@@ -14,8 +14,8 @@
 * An engine this arbiter put to sleep at level 2 (`swap_sleep_level: 2`) gets its weights reloaded
   (`collective_rpc reload_weights`) and its prefix cache reset right after its wake, before a request runs.
 
-The footprint of an engine is `footprint_gib`, else what its first verified wake here added to its GPUs,
-else what its own memory reading says (the simulator's shared GPU file has one per engine).
+An engine's footprint is its `Footprint` (proxy/footprint.py): `footprint_gib`, else what its first verified
+wake here added to its GPUs (measured here), else what its own memory reading says.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import LifecycleCall
-from .config import EngineSettings, Settings
+from .config import Settings
 from .coordinator import LifecycleCoordinator, Submit
+from .engine import Engine
 from .errors import InsufficientGpuMemory, LifecycleBusy, LifeguardError, UpstreamBadStatus
-from .gate import RequestGate
 from .gpu import GpuMemoryReader, GpuReading
-from .metrics import SwapMetrics
+from .metrics import Metrics
 from .outcome import Outcome
 from .rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from .states import State
-from .swap_rules import GIB, Evict, Fits, Neighbour, Residency, free_per_gpu, plan_room, residency, wake_need
+from .swap_rules import Evict, Fits, Neighbour, Residency, free_per_gpu, plan_room, residency, wake_need
 
 log = logging.getLogger("lifeguard.arbiter")
 
@@ -48,16 +48,6 @@ GPU_OPERATIONS = frozenset(
     {"collective_rpc", "start_weight_update", "update_weights", "finish_weight_update", "release_kv_cache_memory"}
 )
 _NOT_AWAKE = (State.SLEEPING, State.STARTING, State.FAILED)
-
-
-@dataclass
-class _Slot:
-    config: EngineSettings
-    coordinator: LifecycleCoordinator
-    gate: RequestGate
-    measured_bytes: int | None = None
-    # Put to sleep at level 2 by this arbiter: its weights are reloaded after its next wake.
-    reload_on_wake: bool = False
 
 
 @dataclass
@@ -74,34 +64,32 @@ class _Turn:
 class _Guard:
     """The coordinator's `guard` for one engine."""
 
-    def __init__(self, arbiter: Arbiter, slot: _Slot) -> None:
+    def __init__(self, arbiter: Arbiter, name: str) -> None:
         self._arbiter = arbiter
-        self._slot = slot
+        self._name = name
 
     @property
     def reloads_discarded_weights(self) -> bool:
-        return self._slot.reload_on_wake
+        return self._name in self._arbiter.reload_on_wake
 
     async def run(self, call: LifecycleCall, submit: Submit) -> Outcome:
-        return await self._arbiter.run(self._slot.config.name, call, submit)
+        return await self._arbiter.run(self._name, call, submit)
 
 
 class Arbiter:
-    def __init__(self, settings: Settings, gpu: GpuMemoryReader, metrics: SwapMetrics) -> None:
+    def __init__(self, settings: Settings, engines: dict[str, Engine], gpu: GpuMemoryReader, metrics: Metrics) -> None:
+        """From now on every lifecycle call of each of `engines` comes here first (its coordinator's guard)."""
         self._settings = settings
-        self._configs = {engine.name: engine for engine in settings.engines}
+        self._engines = engines
         self._gpu = gpu
         self._metrics = metrics
-        self._slots: dict[str, _Slot] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._turns: list[_Turn] = []
         self._wakes: dict[tuple[str, Any], asyncio.Future[Outcome]] = {}
-
-    def attach(self, name: str, coordinator: LifecycleCoordinator, gate: RequestGate) -> None:
-        """Called by each engine's app once its coordinator exists: from then on its calls come here."""
-        slot = _Slot(self._configs[name], coordinator, gate)
-        self._slots[name] = slot
-        coordinator.guard = _Guard(self, slot)
+        # Put to sleep at level 2 by this arbiter: their weights are reloaded after their next wake.
+        self.reload_on_wake: set[str] = set()
+        for name, engine in engines.items():
+            engine.coordinator.guard = _Guard(self, name)
 
     async def run(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         if call.op == "wake_up":
@@ -121,7 +109,7 @@ class Arbiter:
             pending = asyncio.get_running_loop().create_future()
             pending.add_done_callback(_mark_retrieved)
             self._wakes[key] = pending
-            self._slots[name].coordinator.tasks.spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
+            self._engines[name].tasks.spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
         return await asyncio.shield(pending)
 
     async def _wake_task(self, name: str, call: LifecycleCall, submit: Submit, done: asyncio.Future[Outcome]) -> None:
@@ -136,36 +124,37 @@ class Arbiter:
             self._wakes.pop((name, call.key), None)
 
     async def _wake(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
-        slot = self._slots[name]
+        engine = self._engines[name]
+        coordinator = engine.coordinator
         async with self._gpus(name, "wake_up"):
-            if slot.coordinator.state is not State.SLEEPING:
+            if coordinator.state is not State.SLEEPING:
                 return await submit(call)  # the coordinator judges it: a no-op or a refusal
             started = time.monotonic()
-            from_full_sleep = slot.coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
+            from_full_sleep = coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
             try:
-                await self._make_room(slot, call)
+                await self._make_room(engine, call)
                 before = await self._gpu.read()
                 outcome = await submit(call)
-                await self._after_wake(slot, before, measure=from_full_sleep)
+                await self._after_wake(engine, before, measure=from_full_sleep)
             except LifeguardError as exc:
                 no_room = isinstance(exc, InsufficientGpuMemory)
                 self._metrics.swap_finished(name, "no_room" if no_room else "failed", time.monotonic() - started)
                 refusal = exc if no_room else None
                 if _out_of_memory(exc):
-                    slot.measured_bytes = None  # an OOM proves the measure wrong: the next plan is cautious
+                    engine.footprint.forget_measure()
                     refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
                 if refusal is not None:
                     # Waiting out their deadline would not change it: the held requests get the reason now.
-                    slot.gate.refuse_held(refusal)
+                    engine.gate.refuse_held(refusal)
                 raise
             self._metrics.swap_finished(name, "ok", time.monotonic() - started)
             return outcome
 
-    async def _make_room(self, slot: _Slot, call: LifecycleCall) -> None:
-        name, gpus = slot.config.name, slot.config.gpus
+    async def _make_room(self, engine: Engine, call: LifecycleCall) -> None:
+        name, gpus = engine.name, engine.config.gpus
         tried: set[str] = set()
         refused: list[str] = []
-        need = await self._wake_need(slot, call)  # it sleeps on, its GPUs locked: only the others change
+        need = await self._wake_need(engine, call)  # it sleeps on, its GPUs locked: only the others change
         while True:
             free = free_per_gpu(await self._gpu.read(), gpus)
             plan = plan_room(
@@ -182,13 +171,17 @@ class Arbiter:
             if not isinstance(plan, Evict):
                 raise InsufficientGpuMemory(f"engine {name} cannot be woken: {plan.why}")
             tried.add(plan.victim)
-            if not await self._put_to_sleep(self._slots[plan.victim], for_engine=name):
+            if not await self._put_to_sleep(self._engines[plan.victim], for_engine=name):
                 refused.append(plan.victim)
 
-    async def _put_to_sleep(self, victim: _Slot, *, for_engine: str) -> bool:
+    async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
         coordinator = victim.coordinator
+        if level == 2:
+            # Said before the sleep: requests held for it ask for its wake as it settles asleep, and the wake
+            # policy wakes discarded weights only when they are reloaded after the wake.
+            self.reload_on_wake.add(victim.name)
         failure: LifeguardError | None = None
         # Twice at most: a trainer's level-0 sleep may land between the plan and this sleep (chaos seed 11).
         for _ in range(2):
@@ -204,95 +197,80 @@ class Arbiter:
             if failure is None or coordinator.record.asleep_tags != {"scheduling"}:
                 break
         if failure is not None:
+            self.reload_on_wake.discard(victim.name)
             if _residency(coordinator) is Residency.ASLEEP:
                 return True  # asleep meanwhile by its trainer's own sleep: the room is there, its weights its own
             # Planned again without it; the wake goes on only if the rest fits.
             log.warning(
                 "could not put %s to sleep to make room for %s: %s",
-                victim.config.name,
+                victim.name,
                 for_engine,
                 failure.message,
-                extra={"event": "swap_out_failed", "engine": victim.config.name, "reason": failure.reason},
+                extra={"event": "swap_out_failed", "engine": victim.name, "reason": failure.reason},
             )
             return False
-        victim.reload_on_wake = level == 2
-        if victim.gate.held:
-            # Requests for it that arrived while it fell asleep asked for no wake (only those held while it
-            # sleeps do): ask now. The wake queues behind this swap, on the same GPU lock.
-            victim.gate.on_held_while_sleeping()
         log.info(
             "put %s to sleep (level %d) to make room for %s",
-            victim.config.name,
+            victim.name,
             level,
             for_engine,
-            extra={"event": "swapped_out", "engine": victim.config.name, "for_engine": for_engine},
+            extra={"event": "swapped_out", "engine": victim.name, "for_engine": for_engine},
         )
         return True
 
-    async def _after_wake(self, slot: _Slot, before: GpuReading, *, measure: bool) -> None:
-        coordinator = slot.coordinator
+    async def _after_wake(self, engine: Engine, before: GpuReading, *, measure: bool) -> None:
+        coordinator = engine.coordinator
         if coordinator.state in _NOT_AWAKE:
             return  # a partial wake: nothing to measure or reload yet
         # Only a wake from a full sleep adds the footprint; one from level 0 or a partial wake adds a part.
-        if measure and slot.config.footprint_gib is None and slot.measured_bytes is None:
+        if measure and engine.footprint.configured is None and engine.footprint.measured is None:
             after = await self._gpu.read()
-            grown = _used_on(after, slot.config.gpus) - _used_on(before, slot.config.gpus)
-            if before.available and after.available and grown > 0:
-                slot.measured_bytes = grown
-        if slot.reload_on_wake and coordinator.record.weights_stale is Staleness.DISCARDED:
+            if before.available and after.available:
+                gpus = engine.config.gpus
+                engine.footprint.measured_growth(_used_on(after, gpus) - _used_on(before, gpus))
+        if engine.name in self.reload_on_wake and coordinator.record.weights_stale is Staleness.DISCARDED:
             method = self._settings.weight_reload_rpc_methods[0]
             body = json.dumps({"method": method}).encode()
             await coordinator.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
             reply = await coordinator.exclusive(lambda: coordinator.client.call("POST", "/reset_prefix_cache"))
             if reply.status != 200:
-                log.warning("reset_prefix_cache after reloading %s answered %d", slot.config.name, reply.status)
-        slot.reload_on_wake = False
+                log.warning("reset_prefix_cache after reloading %s answered %d", engine.name, reply.status)
+        self.reload_on_wake.discard(engine.name)
 
     # ----- what the planner sees
-    def footprint(self, name: str) -> int | None:
-        slot = self._slots.get(name)
-        config = self._configs[name]
-        if config.footprint_gib is not None:
-            return int(config.footprint_gib * GIB)
-        if slot is None:
-            return None
-        return slot.measured_bytes or slot.coordinator.verifier.awake_footprint
-
-    async def _wake_need(self, slot: _Slot, call: LifecycleCall) -> int | None:
-        view = slot.coordinator.record.view()
+    async def _wake_need(self, engine: Engine, call: LifecycleCall) -> int | None:
+        view = engine.coordinator.record.view()
         wakes = wake_targets(call, view)
         resident = None
         if wakes and view.asleep_tags != {"scheduling"}:
             # Its own reading (the simulator's file has one per engine; NVML's device totals do not).
-            reading = await slot.coordinator.verifier.read_memory()
+            reading = await engine.verifier.read_memory()
             resident = reading.used_bytes if reading.available else None
-        footprint = self.footprint(slot.config.name)
-        # On the scale of `resident` (its own reading), not a measure of the device's growth.
-        awake = footprint if slot.config.footprint_gib is not None else slot.coordinator.verifier.awake_footprint
-        return wake_need(footprint, view.asleep_tags, wakes, awake_bytes=awake, resident=resident)
+        footprint = engine.footprint
+        return wake_need(footprint.bytes, view.asleep_tags, wakes, awake_bytes=footprint.awake_scale, resident=resident)
 
     def _neighbours(self, name: str, tried: set[str]) -> Iterator[Neighbour]:
-        for other in self._slots.values():
-            if other.config.name == name:
+        for other in self._engines.values():
+            if other.name == name:
                 continue
             coordinator = other.coordinator
             yield Neighbour(
-                name=other.config.name,
+                name=other.name,
                 gpus=other.config.gpus,
                 residency=_residency(coordinator),
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
-                busy=coordinator.record.weight_update_active or other.config.name in tried,
+                busy=coordinator.record.weight_update_active or other.name in tried,
                 inflight=other.gate.inflight,
                 held=other.gate.held,
                 last_used=other.gate.last_activity,
-                footprint_bytes=self.footprint(other.config.name),
+                footprint_bytes=other.footprint.bytes,
             )
 
     # ----- one call at a time per GPU
     @contextlib.asynccontextmanager
     async def _gpus(self, name: str, op: str) -> AsyncIterator[None]:
-        gpus = self._configs[name].gpus
+        gpus = self._engines[name].config.gpus
         turn = _Turn(name, op, gpus)
         self._turns.append(turn)
         taken: list[asyncio.Lock] = []
@@ -319,12 +297,13 @@ class Arbiter:
     async def snapshot(self) -> dict[str, Any]:
         reading = await self._gpu.read()
         gpus: dict[str, Any] = {}
-        for index in sorted({g for config in self._configs.values() for g in config.gpus}):
-            on_it = [config.name for config in self._configs.values() if index in config.gpus]
+        engines = self._engines.values()
+        for index in sorted({g for engine in engines for g in engine.config.gpus}):
+            on_it = [engine for engine in engines if index in engine.config.gpus]
             device = reading.devices[index] if reading.available and index < len(reading.devices) else None
             gpus[str(index)] = {
-                "engines": on_it,
-                "awake": [n for n in on_it if n in self._slots and self._slots[n].coordinator.state not in _NOT_AWAKE],
+                "engines": [engine.name for engine in on_it],
+                "awake": [engine.name for engine in on_it if engine.coordinator.state not in _NOT_AWAKE],
                 "used_bytes": device.used_bytes if device else None,
                 "total_bytes": device.total_bytes if device else None,
                 "free_bytes": device.total_bytes - device.used_bytes if device else None,
@@ -333,7 +312,7 @@ class Arbiter:
         return {
             "gpus": gpus,
             "gpu_reading": None if reading.available else reading.unavailable,
-            "footprint_bytes": {name: self.footprint(name) for name in self._configs},
+            "footprint_bytes": {name: engine.footprint.bytes for name, engine in self._engines.items()},
             "swap_queue": [
                 {
                     "engine": t.engine,

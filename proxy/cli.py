@@ -18,11 +18,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from . import __version__
-from .app import create_app
-from .config import SIMULATOR, DataPlane, LogFormat, LogLevel, OnSleeping, Settings, load_settings
-from .engines import create_engines_app
+from .app import Lifeguard
+from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
 from .logs import configure_logging
-from .seam import RawDataPlane
 
 log = logging.getLogger("lifeguard")
 
@@ -42,7 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=get_args(LogLevel))
     serve.add_argument("--log-format", choices=get_args(LogFormat))
     serve.add_argument("--on-sleeping", choices=get_args(OnSleeping), help="what a request to a sleeping engine gets")
-    serve.add_argument("--data-plane", choices=get_args(DataPlane), help="which front serves the socket (default raw)")
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
     return parser
@@ -65,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
         "log_format": args.log_format,
         "on_sleeping": args.on_sleeping,
-        "data_plane": args.data_plane,
         "canary_enabled": False if args.no_canary else None,
     }
     try:
@@ -95,59 +91,30 @@ def main(argv: list[str] | None = None) -> int:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then shut down gracefully (held requests 503, streams get a grace period)."""
-    runners: list[web.AppRunner] = []
+    sim_runner: web.AppRunner | None = None
     if settings.upstream == SIMULATOR:
         from lifeguard_sim.app import SimSettings, create_sim_app
 
         sim_runner = web.AppRunner(create_sim_app(SimSettings()), handle_signals=False)
         await sim_runner.setup()
-        site = web.TCPSite(sim_runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(sim_runner)
+        await web.TCPSite(sim_runner, "127.0.0.1", 0).start()
         port = sim_runner.addresses[0][1]
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
-    # The raw front guards one engine; several engines (`engines:`) are served by the aiohttp plane.
-    if settings.data_plane == "raw" and not settings.engines:
-        plane = RawDataPlane(create_app(settings), settings)
-        await plane.start(settings.host, settings.port)
-        log.info(
-            "vllm-lifeguard %s listening on http://%s:%s (raw data plane), guarding %s",
-            __version__,
-            settings.host,
-            plane.port,
-            settings.upstream_shown,
-        )
-        await _until_signalled()
-        log.info("shutting down", extra={"event": "shutdown"})
-        await plane.close()
-        for r in runners:
-            await r.cleanup()
-        return
-    runner = web.AppRunner(
-        create_engines_app(settings) if settings.engines else create_app(settings),
-        handle_signals=False,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace_s,
-        # aiohttp arms this timer when a connection opens and after each answer; it closes a connection
-        # still waiting for complete headers when it fires: our header read deadline.
-        keepalive_timeout=settings.client_idle_timeout_s,
-    )
-    await runner.setup()
-    # aiohttp's default listen backlog (128) drops connections when a trainer opens 512 at once.
-    await web.TCPSite(runner, settings.host, settings.port, backlog=4096).start()
-    runners.insert(0, runner)
+    lifeguard = Lifeguard(settings)
+    await lifeguard.start(settings.host, settings.port)
     log.info(
         "vllm-lifeguard %s listening on http://%s:%s, guarding %s",
         __version__,
         settings.host,
-        runner.addresses[0][1] if runner.addresses else settings.port,
+        lifeguard.port,
         settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
     )
     await _until_signalled()
     log.info("shutting down", extra={"event": "shutdown"})
-    for r in runners:
-        await r.cleanup()
+    await lifeguard.close()
+    if sim_runner is not None:
+        await sim_runner.cleanup()
 
 
 async def _until_signalled() -> None:

@@ -23,14 +23,15 @@ from pydantic_settings import (
 OnSleeping = Literal["hold", "reject", "wake"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
-DataPlane = Literal["raw", "aiohttp"]
 RouteClass = Literal["inference", "at_once", "serialized", "never_gated"]
 #: The `upstream` that guards the embedded simulator (lifeguard_sim) instead of a vLLM: only when asked for.
 SIMULATOR = "sim"
+#: The name of the one engine `upstream:` guards (its base URL is also `/engines/default/`).
+DEFAULT_ENGINE = "default"
 
 
 class EngineSettings(BaseModel):
-    """One engine of several that share GPUs (`engines:`); each is guarded like a single `upstream`."""
+    """One guarded engine: each of `engines:`, or the one `upstream:` names (`Settings.guarded_engines`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -86,10 +87,7 @@ class Settings(BaseSettings):
     log_format: LogFormat = "text"
 
     # --- the data plane
-    # `raw`: the llhttp front of proxy/front.py serves the socket and hands all but admitted inference to
-    # the aiohttp application (proxy/seam.py); `aiohttp`: aiohttp's server serves every request (kept for one
-    # release; CI runs every e2e test on it too). With `engines:` the aiohttp plane serves whatever this says.
-    data_plane: DataPlane = "raw"
+    # One front (proxy/front.py) serves every request of every engine.
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
@@ -158,6 +156,20 @@ class Settings(BaseSettings):
     # --- shutdown
     shutdown_grace_s: float = Field(default=30.0, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_data_plane(cls, values: Any) -> Any:
+        """`data_plane` chose between two fronts until 0.2; there is one now. `raw` (the one kept) is accepted
+        so that existing files start unchanged."""
+        if isinstance(values, dict) and "data_plane" in values:
+            values = dict(values)
+            if values.pop("data_plane") not in ("raw", None):
+                raise ValueError(
+                    "data_plane: the aiohttp data plane was removed; every request is served by the one front "
+                    "(remove data_plane from the settings)"
+                )
+        return values
+
     @field_validator("upstream")
     @classmethod
     def _upstream_is_http_url(cls, value: str | None) -> str | None:
@@ -223,14 +235,25 @@ class Settings(BaseSettings):
             raise ValueError(f"engines: a served model name may belong to one engine only (got {models})")
         return self
 
+    def guarded_engines(self) -> tuple[EngineSettings, ...]:
+        """Every engine this proxy guards: `engines:`, or the one `upstream:` names (called `default`, with the
+        top-level `on_sleeping`). One engine or several, each is guarded the same way (proxy/engine.py)."""
+        if self.engines:
+            return self.engines
+        if self.upstream is None or self.upstream == SIMULATOR:
+            raise ValueError("no engine to guard: set upstream (an http(s) URL) or engines")
+        return (EngineSettings(name=DEFAULT_ENGINE, upstream=self.upstream, on_sleeping=self.on_sleeping),)
+
     def for_engine(self, engine: EngineSettings) -> Settings:
-        """The single-engine settings that guard `engine`: everything else is shared."""
+        """The settings one engine is guarded with: its own upstream, `on_sleeping` and state file (with
+        `engines:`, suffixed with its name: never one file for two engines), everything else shared."""
+        named = bool(self.engines)
         return self.model_copy(
             update={
                 "upstream": engine.upstream,
                 "engines": (),
                 "on_sleeping": engine.on_sleeping,
-                "state_file": f"{self.state_file}.{engine.name}" if self.state_file else None,
+                "state_file": f"{self.state_file}.{engine.name}" if self.state_file and named else self.state_file,
             }
         )
 

@@ -27,7 +27,7 @@ from .gate import RequestGate
 from .gpu import GpuReading
 from .inflight import InFlightRequests
 from .memo import StateMemo
-from .metrics import Metrics
+from .metrics import EngineMetrics
 from .observation import Observation
 from .outcome import Outcome, answered_by_us, from_vllm
 from .probes import Verifier
@@ -62,7 +62,7 @@ class LifecycleCoordinator:
         client: VllmClient,
         verifier: Verifier,
         gate: RequestGate,
-        metrics: Metrics,
+        metrics: EngineMetrics,
         tasks: Tasks | None = None,
         inflight: InFlightRequests | None = None,
     ) -> None:
@@ -199,11 +199,8 @@ class LifecycleCoordinator:
         try:
             return await self._execute(call)
         finally:
-            try:
-                await self.inflight.wait_aborted()  # before the next call (a wake) may reach vLLM
-            finally:
-                self._remember()
-                self._lock.release()
+            self._remember()
+            self._lock.release()
 
     async def _timed(self, call: LifecycleCall, work: Awaitable[Outcome]) -> Outcome:
         started = time.monotonic()
@@ -284,7 +281,6 @@ class LifecycleCoordinator:
             if await self._healed(obs, memory):
                 return
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
-            await self.inflight.wait_aborted()
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
@@ -307,7 +303,8 @@ class LifecycleCoordinator:
 
     def end_forwarded_requests(self, why: str) -> None:
         """End every request forwarded and not answered yet (503 `aborted_by_sleep`), for any call after which
-        what vLLM queued would not run as it was sent; call it under the lock, so the next call waits for it."""
+        what vLLM queued would not run as it was sent; their connections to vLLM are closed on return, so the
+        next call under the lock (a wake) finds them gone."""
         self.inflight.abort_all(why)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The single exception tree. Each class carries its HTTP status, reason code and Retry-After.
 
-`handlers.render_error` is the one place that turns these into responses; nothing here knows HTTP
+`wire.error_answer` is the one place that turns these into responses; nothing here knows HTTP
 libraries. Messages are for people; `reason` is the stable machine-readable code (also sent as the
 `X-Lifeguard-Reason` header and used as a metric label). It is a class attribute only, one class per
 reason, so the set is closed: `REASONS` lists it.
@@ -179,6 +179,22 @@ class ModelNotFound(LifeguardError):
         super().__init__(f"The model `{model}` does not exist.", param="model")
 
 
+class NotFound(LifeguardError):
+    """A path under the proxy's own `/lifeguard/` that it does not serve."""
+
+    status = 404
+    reason = "not_found"
+    error_type = "NotFoundError"
+    retry_after = None
+
+
+class MethodNotAllowed(LifeguardError):
+    status = 405
+    reason = "method_not_allowed"
+    error_type = "BadRequestError"
+    retry_after = None
+
+
 class InsufficientGpuMemory(LifeguardError):
     """Waking the engine would not fit in its GPUs' free memory, even after putting others to sleep."""
 
@@ -227,6 +243,19 @@ class UpstreamUnreachable(UpstreamError):
 
 class UpstreamTimeout(UpstreamError, TimeoutError):
     reason = "upstream_timeout"
+
+
+class StreamBroken(UpstreamError):
+    """vLLM's answer broke off after it had begun: the stream ends with this error."""
+
+    reason = "stream_broken"
+
+
+class AbortedBySleep(LifeguardError):
+    """A forwarded request ended by the proxy because the engine discarded its weights (proxy/inflight.py)."""
+
+    reason = "aborted_by_sleep"
+    retry_after = 5.0
 
 
 class UpstreamBadStatus(UpstreamError):

@@ -1,37 +1,52 @@
-"""One request through the raw front (proxy/front.py), and what every kind of it shares.
+"""One request on a client connection of the front (proxy/front.py), from the moment it is decided to its
+answer. Every request's whole body is in before it is decided, so nothing here reads from the client.
 
-Three kinds:
-* `FastExchange` (proxy/relays.py): an inference request the gate admitted at once, sent to vLLM with the
-  framing rules of proxy/forward.py (hop-by-hop headers and `Connection` tokens dropped, the admin token
-  header dropped, no `X-Forwarded-For`, the body with its length). Registered in `InFlightRequests` so a
-  level-2 sleep ends it.
-* `HeldExchange` (proxy/held.py): an inference request the gate holds, parked in its queue as parsed bytes;
-  admitted, a `FastExchange`.
-* `SeamExchange` (proxy/relays.py): anything else, relayed unchanged to the aiohttp application
-  (proxy/seam.py), which guards or forwards it as it always did; its body streams as it arrives.
+* `Forward`: a request sent to an engine's vLLM on a pooled connection (proxy/upstream_pool.py), its
+  answer relayed back: inference the gate admitted (its ticket the gate's in-flight count, registered in
+  `InFlightRequests` so a level-2 sleep ends it), control calls, pass-through and unknown routes, vLLM's
+  own `/metrics`. Framing rules are proxy/wire.py's; back-pressure: while the client's transport is over its
+  high-water mark the upstream connection stops being read. A client that leaves closes the upstream
+  connection, which is what makes vLLM abort a generation.
+* `Answered`: what the proxy answers itself (lifecycle calls, `/lifeguard/*`), made by a coroutine.
+* `SerializedForward`: a control call that touches weights or memory, forwarded once the engine's
+  lifecycle lock is free (`LifecycleCoordinator.exclusive`).
+* `HeldExchange` (proxy/held.py): an inference request the gate holds.
 
-`Answering` is what all three share; `Relay`, what the two on a pooled upstream connection share.
-Back-pressure: while the client's transport is over its high-water mark the upstream connection stops
-being read; a request body stops being read from the client while the upstream's send buffer is full. A
-client that leaves closes the upstream connection, which is what makes vLLM abort the generation.
-Everything here is plain callbacks: no task, future or coroutine per request.
+Each kind counts its own ending once (`_finish`), and each catches its own bugs (proxy/boundary.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Protocol
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
-from .errors import LifeguardError
-from .handlers import render_error_bytes
-from .inflight import InFlightRequests
-from .metrics import Metrics
+from .boundary import caught
+from .engine import Engine
+from .errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from .gate import Ticket
 from .request_reader import ParsedRequest
-from .upstream_pool import ResponseSink, UpstreamConnection, UpstreamPool
+from .tasks import Tasks
+from .upstream_pool import UpstreamConnection
+from .wire import (
+    END_CHUNKS,
+    HOP_BY_HOP,
+    Answer,
+    answer_bytes,
+    chunk,
+    error_answer,
+    relative_location,
+    sse_error_event,
+)
+
+log = logging.getLogger("lifeguard.forward")
 
 _NO_BODY_STATUS = frozenset({204, 304})
-END_CHUNKS = b"0\r\n\r\n"
+_STALE = b"X-Lifeguard-Weights-Stale: true"
+# An answer with a length up to this size is sent to the client in one write with its head; a larger one streams.
+_WHOLE_UP_TO = 1 << 16
 
 
 class Exchange(Protocol):
@@ -61,30 +76,12 @@ class ClientSide(Protocol):
 
     def replace_exchange(self, old: Exchange, new: Exchange) -> None: ...
 
-    def upload_paused(self, paused: bool) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Upstreams:
-    """What every exchange of one proxy shares."""
-
-    vllm: UpstreamPool
-    seam: UpstreamPool
-    host: bytes  # the Host header vLLM gets, as aiohttp's client would send it
-    basic_auth: bytes | None  # from credentials in the upstream URL, as aiohttp's client would send them
-    origins: tuple[str, ...]  # vLLM's own address, for making its redirects relative
-    inflight: InFlightRequests
-    metrics: Metrics
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
 
 class Answering:
-    """What every kind shares: the request, the client connection it is answered on, and an error answer."""
+    """What every kind shares: the request, the client connection it is answered on, and how an answer, an
+    error, or the end of a started stream is written."""
 
-    __slots__ = ("client", "request", "finished", "head_sent", "close_client")
+    __slots__ = ("client", "request", "finished", "head_sent", "close_client", "_framing", "_sse")
 
     def __init__(self, client: ClientSide, request: ParsedRequest) -> None:
         self.client = client
@@ -92,23 +89,203 @@ class Answering:
         self.finished = False
         self.head_sent = False
         self.close_client = not request.keep_alive
+        self._framing = b""  # b"length", b"chunked", b"close" or b"" (no body), once a head is sent
+        self._sse = False
+
+    def _answer(self, answer: Answer) -> None:
+        request = self.request
+        self.client.transport.write(
+            answer_bytes(
+                answer, close=self.close_client, http10=request.version == "1.0", head_only=request.method == b"HEAD"
+            )  # fmt: skip
+        )
+        self.head_sent = True
 
     def _answer_error(self, error: LifeguardError) -> None:
         self.close_client = self.close_client or error.close_connection
-        self.client.transport.write(render_error_bytes(error, close=self.close_client))
-        self.head_sent = True
+        self._answer(error_answer(error))
+
+    def _end_with(self, error: LifeguardError) -> None:
+        """`error` for a request whose answer may have begun: the error answer, else (an SSE stream) the same
+        error as its last event; any other started answer cannot carry an error, so its connection is dropped."""
+        if not self.head_sent:
+            self._answer_error(error)
+        elif self._sse and self._framing == b"chunked":
+            self.client.transport.write(chunk(sse_error_event(error)) + END_CHUNKS)
+        else:
+            self.close_client = True
+            self.client.transport.abort()
 
 
-class Relay(Answering):
-    """An exchange on a pooled upstream connection: the pool's waiter and the connection's response sink
-    (proxy/upstream_pool.py), whose hooks each kind implements (proxy/relays.py). Here: the connection,
-    back-pressure both ways, and the response's head and body framed for the client."""
+class Forward(Answering):
+    """A request sent to `engine`'s vLLM at `target` (origin-form, as classified): the pool's waiter and the
+    connection's response sink. `ticket`: an admitted inference request (counted, abortable); `drop`: the
+    header that carried the admin token; `on_end`: told once, however it ends."""
 
-    def __init__(self, client: ClientSide, request: ParsedRequest) -> None:
+    __slots__ = (
+        "_engine",
+        "_target",
+        "_ticket",
+        "_stale",
+        "_drop",
+        "_on_end",
+        "conn",
+        "wants_connection",
+        "upstream_done",
+        "_sent_at",
+        "_buffer",
+    )
+
+    def __init__(
+        self,
+        client: ClientSide,
+        request: ParsedRequest,
+        engine: Engine,
+        target: bytes,
+        *,
+        ticket: Ticket | None = None,
+        stale: bool = False,
+        drop: frozenset[bytes] = frozenset(),
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(client, request)
+        self._engine = engine
+        self._target = target
+        self._ticket = ticket
+        self._stale = stale
+        self._drop = drop
+        self._on_end = on_end
         self.conn: UpstreamConnection | None = None
         self.wants_connection = True
-        self._framing = b""  # b"length", b"chunked", b"close" or b"" (no body)
+        self.upstream_done = False
+        self._sent_at = 0.0
+        self._buffer: list[bytes] | None = None
+
+    def start(self) -> None:
+        if self._ticket is not None:
+            self._engine.inflight.add(self)
+        self._engine.upstream.pool.acquire(self)
+
+    def _request_bytes(self) -> bytes:
+        request, upstream = self.request, self._engine.upstream
+        drop = HOP_BY_HOP | request.connection_tokens | self._drop
+        lines = [b"%b %b HTTP/1.1" % (request.method, self._target), b"Host: " + upstream.host]
+        authorization = False
+        for name, value in request.headers:
+            lowered = name.lower()
+            if lowered not in drop:
+                lines.append(name + b": " + value)
+                authorization = authorization or lowered == b"authorization"
+        if upstream.basic_auth is not None and not authorization:
+            lines.append(b"Authorization: " + upstream.basic_auth)
+        body = b"".join(request.body)
+        if body or request.method not in (b"GET", b"HEAD"):
+            lines.append(b"Content-Length: %d" % len(body))
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+    # ----- pool waiter
+    def connected(self, conn: UpstreamConnection) -> None:
+        if not self.wants_connection:
+            conn.reusable = True
+            conn.release()
+            return
+        conn.lend(self, head_only=self.request.method == b"HEAD")
+        self.conn = conn
+        if self.client.writing_paused:
+            conn.pause_reading()
+        self._sent_at = time.monotonic()
+        conn.write(self._request_bytes())
+
+    def connect_failed(self, why: str) -> None:
+        self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
+        self._finish("upstream_unreachable")
+
+    # ----- response sink
+    def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self._engine.metrics.upstream_latency(time.monotonic() - self._sent_at)
+        drop = HOP_BY_HOP - {b"content-length"}
+        relayed: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"connection":
+                drop = drop | {token.strip().lower() for token in value.split(b",")}
+            elif lowered == b"location":
+                value = relative_location(value, self._engine.upstream.origins)
+            elif lowered == b"content-type" and b"text/event-stream" in value.lower():
+                self._sse = True
+            elif lowered == b"content-length":
+                length = int(value)  # llhttp admits digits only
+            relayed.append((name, value))
+        request = self.request
+        lines = [b"HTTP/1.1 %d %b" % (status, reason)]
+        lines += [name + b": " + value for name, value in relayed if name.lower() not in drop]
+        if self._stale:
+            lines.append(_STALE)
+        if request.method == b"HEAD" or status in _NO_BODY_STATUS or status < 200:
+            self._framing = b""
+        elif length is not None:
+            self._framing = b"length"
+        elif request.version == "1.0":
+            self._framing, self.close_client = b"close", True
+        else:
+            self._framing = b"chunked"
+            lines.append(b"Transfer-Encoding: chunked")
+        if self.close_client:
+            lines.append(b"Connection: close")
+        elif request.version == "1.0":
+            lines.append(b"Connection: keep-alive")
+        head = b"\r\n".join(lines) + b"\r\n\r\n"
+        if length is not None and length <= _WHOLE_UP_TO and not self._sse:
+            self._buffer = [head]
+        else:
+            self.client.transport.write(head)
+            self.head_sent = True
+
+    def response_body(self, data: bytes) -> None:
+        if self._buffer is not None:
+            self._buffer.append(data)
+        elif self._framing == b"chunked":
+            if data:
+                self.client.transport.write(chunk(data))
+        elif self._framing:
+            self.client.transport.write(data)
+
+    def response_end(self) -> None:
+        self.upstream_done = True
+        if self._buffer is not None:
+            self.client.transport.write(b"".join(self._buffer))
+            self._buffer = None
+            self.head_sent = True
+        elif self._framing == b"chunked":
+            self.client.transport.write(END_CHUNKS)
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.release()
+        self._finish("forwarded")
+
+    def upstream_lost(self, why: str) -> None:
+        self.conn = None
+        self._buffer = None
+        if not self.head_sent:
+            self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
+            self._finish("upstream_unreachable")
+            return
+        log.warning("stream from vLLM broke mid-way", extra={"event": "stream_broken"})
+        self._end_with(StreamBroken(f"the upstream stream broke: {why}"))
+        self._finish("stream_broken")
+
+    def fail(self, error: LifeguardError, outcome: str) -> None:
+        """End this request now with `error`, whatever stage it is at (its upstream connection closed)."""
+        self._drop_upstream()
+        self._buffer = None
+        if not self.finished:
+            self._end_with(error)
+            self._finish(outcome)
+
+    def crashed(self, where: str, exc: BaseException) -> None:
+        """A bug in one of this request's callbacks (proxy/boundary.py): it ends here, answered."""
+        self.fail(caught(where, exc, self._engine.metrics.proxy_error), "proxy_error")
 
     # ----- the client's side
     def client_writable(self, writable: bool) -> None:
@@ -119,66 +296,157 @@ class Relay(Answering):
                 self.conn.pause_reading()
 
     def client_gone(self) -> None:
-        self.wants_connection = False
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if not self.finished:
+            self._drop_upstream()
+            self._finish("client_gone", notify=False)
 
-    def upstream_writable(self, writable: bool) -> None:
-        self.client.upload_paused(not writable)
-
-    # ----- the response
-    def _attach(self, conn: UpstreamConnection, sink: ResponseSink) -> bool:
-        """Take the connection the pool handed over, `sink` (the kind itself) hearing its response; False, and the
-        connection back in the pool, when the client left while this exchange waited for it."""
-        if not self.wants_connection:
-            conn.reusable = True
-            conn.release()
+    # ----- in flight (proxy/inflight.py)
+    def abort(self, message: str) -> bool:
+        if self.upstream_done or self.finished:
             return False
-        conn.lend(sink, head_only=self.request.method == b"HEAD")
-        self.conn = conn
-        if self.client.writing_paused:
-            conn.pause_reading()
+        self.fail(AbortedBySleep(message), "aborted_by_sleep")
         return True
 
-    def _head(
-        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], drop: frozenset[bytes], *, seam: bool
-    ) -> bytes:
-        """The response head for the client: `headers` minus `drop`, framed for this client; `seam`: the
-        application's `Connection: close` (a body left on the wire) closes the client's connection too."""
-        lines = [b"HTTP/1.1 %d %b" % (status, reason)]
-        has_length = False
-        for name, value in headers:
-            lowered = name.lower()
-            if lowered in drop:
-                if seam and lowered == b"connection" and b"close" in value.lower():
-                    self.close_client = True
-                continue
-            if lowered == b"content-length":
-                has_length = True
-            lines.append(name + b": " + value)
-        if self.request.method == b"HEAD" or status in _NO_BODY_STATUS or status < 200:
-            self._framing = b""
-        elif has_length:
-            self._framing = b"length"
-        elif self.request.version == "1.0":
-            self._framing, self.close_client = b"close", True
+    def _drop_upstream(self) -> None:
+        self.wants_connection = False
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+    def _finish(self, outcome: str, *, notify: bool = True) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        metrics = self._engine.metrics
+        seconds = time.monotonic() - self.request.started
+        if self._ticket is not None:
+            self._ticket.done()
+            self._engine.inflight.discard(self)
+            metrics.inference_finished(outcome)
+            metrics.request_duration("inference", seconds)
         else:
-            self._framing = b"chunked"
-            lines.append(b"Transfer-Encoding: chunked")
-        if self.close_client:
-            lines.append(b"Connection: close")
-        elif self.request.version == "1.0":
-            lines.append(b"Connection: keep-alive")
-        return b"\r\n".join(lines) + b"\r\n\r\n"
+            metrics.request_duration("passthrough", seconds)
+        if self._on_end is not None:
+            self._on_end()
+        if notify:
+            self.client.exchange_done(self, close=self.close_client)
 
-    def _write_body(self, data: bytes) -> None:
-        if self._framing == b"chunked":
-            if data:
-                self.client.transport.write(chunk(data))
-        elif self._framing:
-            self.client.transport.write(data)
 
-    def _end_body(self) -> None:
-        if self._framing == b"chunked":
-            self.client.transport.write(END_CHUNKS)
+class Answered(Answering):
+    """What the proxy answers itself: `work` makes the answer (a `LifeguardError` is answered as such), or the
+    exchange that takes over (a request routed once the engine serving its model is known). `on_end` is
+    told the seconds it took, once answered."""
+
+    __slots__ = ("_work", "_tasks", "_count", "_on_end", "_task")
+
+    def __init__(
+        self,
+        client: ClientSide,
+        request: ParsedRequest,
+        work: Coroutine[Any, Any, Answer | Exchange],
+        *,
+        tasks: Tasks,
+        count: Callable[[str], None],
+        on_end: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(client, request)
+        self._work = work
+        self._tasks = tasks
+        self._count = count
+        self._on_end = on_end
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = self._tasks.spawn(self._run(), name="answer")
+
+    async def _run(self) -> None:
+        try:
+            result = await self._work
+        except LifeguardError as exc:
+            result = error_answer(exc)
+            self.close_client = self.close_client or exc.close_connection
+        except Exception as exc:
+            result = error_answer(caught("answer", exc, self._count))
+        if self.finished:
+            return
+        self.finished = True
+        if not isinstance(result, Answer):
+            self.client.replace_exchange(self, result)
+            result.start()
+            return
+        self._answer(result)
+        if self._on_end is not None:
+            self._on_end(time.monotonic() - self.request.started)
+        self.client.exchange_done(self, close=self.close_client)
+
+    def client_writable(self, writable: bool) -> None:
+        return None  # one write, once the answer is made
+
+    def client_gone(self) -> None:
+        self.finished = True
+        if self._task is not None:
+            self._task.cancel()  # a lifecycle call runs on as the coordinator's own task; only the wait ends
+        else:
+            self._work.close()
+
+
+class SerializedForward(Answering):
+    """A control call that touches weights or memory (routes.RouteKind.SERIALIZED): forwarded once no
+    lifecycle transition of its engine is in progress, never during one; refused while the engine failed."""
+
+    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task")
+
+    def __init__(
+        self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
+        tasks: Tasks,
+    ) -> None:  # fmt: skip
+        super().__init__(client, request)
+        self._engine = engine
+        self._target = target
+        self._drop = drop
+        self._tasks = tasks
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = self._tasks.spawn(self._run(), name=f"serialized:{self._engine.name}")
+
+    async def _run(self) -> None:
+        error: LifeguardError | None = None
+        try:
+            await self._engine.coordinator.exclusive(self._forwarded)
+        except LifeguardError as exc:
+            error = exc
+        except Exception as exc:
+            error = caught("answer", exc, self._engine.metrics.proxy_error)
+        if error is None or self.finished:
+            return
+        self.finished = True
+        self._end_with(error)
+        self._engine.metrics.request_duration("passthrough", time.monotonic() - self.request.started)
+        self.client.exchange_done(self, close=self.close_client)
+
+    async def _forwarded(self) -> None:
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_end() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        forward = Forward(self.client, self.request, self._engine, self._target, drop=self._drop, on_end=on_end)
+        self.finished = True
+        self.client.replace_exchange(self, forward)
+        forward.start()
+        timeout = self._engine.settings.lifecycle_call_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(ended)
+        except TimeoutError:
+            forward.fail(UpstreamTimeout(f"vLLM did not answer within {timeout:g} s"), "upstream_unreachable")
+
+    def client_writable(self, writable: bool) -> None:
+        return None  # nothing is written before the forward takes over
+
+    def client_gone(self) -> None:
+        self.finished = True
+        if self._task is not None:
+            self._task.cancel()

@@ -1,20 +1,21 @@
-"""The raw front: the proxy's listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
+"""The front: the proxy's one listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
 
-Each request is read once: its target through the one canonical-path decision (proxy/target.py), its kind
-from the route table (proxy/routes.py). An inference request whose whole body is in and which the gate
-admits at once goes to vLLM on a pooled connection (`FastExchange`, proxy/relays.py) as plain
-callbacks; one the gate holds waits parked in the gate's queue as its parsed bytes (`HeldExchange`,
-proxy/held.py), then goes the same way. Everything else (lifecycle and control calls, `/lifeguard/*`,
-metrics, pass-through routes) is relayed unchanged to the aiohttp application through the seam
-(`SeamExchange`, proxy/seam.py), so one keep-alive connection may mix both. Pipelined requests are
-answered in order.
+Each request is read once. Its head decides where it goes (proxy/routing.py: the engine, the route kind,
+the admin token for guarded routes); once its whole body is in, it becomes one exchange (proxy/exchange.py):
+inference the gate admits goes to the engine's vLLM at once, one it holds waits parked in the engine's gate
+as its bytes (proxy/held.py), control and pass-through routes are forwarded on the same pooled connections,
+and what the proxy answers itself (lifecycle calls, `/lifeguard/*`) is made by proxy/answers.py. One
+keep-alive connection may mix them all; pipelined requests are answered in order.
 
-What the front refuses itself, in the one error format (handlers.render_error_bytes): what the request
-reader refuses (proxy/request_reader.py: smuggling, oversized heads), then the connection is closed; for
-inference, a declared or received body over `max_body_bytes` (413) and a body that stops arriving (408
-after `client_body_timeout_s`), closed too; a target read two ways (400, the connection kept).
-A connection without complete headers `client_idle_timeout_s` after it opened or after its last answer is
-closed without a word, as aiohttp did.
+What the front refuses itself, in the one error format (proxy/wire.py): what the request reader refuses
+(proxy/request_reader.py: smuggling, oversized heads), then the connection is closed; a declared or
+received body over `max_body_bytes` (413) and a body that stops arriving (408 after `client_body_timeout_s`),
+closed too; a target read two ways (400), an unknown engine (404), a guarded route without the admin token
+(401/403), the connection kept when the body was read. A connection without complete headers
+`client_idle_timeout_s` after it opened or after its last answer is closed without a word.
+
+Every callback here catches what it did not expect (proxy/boundary.py): the client is answered and the
+proxy serves on.
 """
 
 from __future__ import annotations
@@ -23,66 +24,111 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .config import Settings
-from .coordinator import LifecycleCoordinator
-from .errors import BadTarget, BodyTimeout, BodyTooLarge, LifeguardError
-from .exchange import Exchange, Upstreams
-from .gate import RequestGate
-from .handlers import render_error_bytes
-from .held import HeldExchange
-from .relays import FastExchange, SeamExchange
+from .admin import admin_carrier
+from .answers import lifecycle, own
+from .boundary import caught
+from .engine import Engine
+from .errors import BodyTimeout, BodyTooLarge, LifeguardError, ModelNotFound
+from .exchange import Answered, Exchange, Forward, SerializedForward
+from .fleet import Fleet
+from .held import HeldExchange, not_forwarded
+from .metrics import INFERENCE_OUTCOMES
 from .request_reader import ParsedRequest, RequestReader
-from .routes import RouteKind, RouteTable
-from .target import canonical_target
+from .routes import LIFECYCLE_PATHS, RouteKind
+from .routing import GUARDED, Route, model_of
+from .rules import control_refusal
+from .wire import error_bytes
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_S = 2.0
-_DECIDED_CACHE_SIZE = 256
 _NOT_PAUSED: frozenset[str] = frozenset()
 
 
 class Front:
     """What every client connection of one proxy shares, and the connections themselves."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        routes: RouteTable,
-        gate: RequestGate,
-        coordinator: LifecycleCoordinator,
-        upstreams: Upstreams,
-    ) -> None:
-        self.settings = settings
-        self.routes = routes
-        self.gate = gate
-        self.coordinator = coordinator
-        self.upstreams = upstreams
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.settings = fleet.settings
+        self.router = fleet.router
+        token = fleet.settings.admin_token
+        self.admin_token = token.get_secret_value().encode() if token is not None else None
         self.connections: set[FrontConnection] = set()
         self.active = 0
-        self._decided: dict[tuple[bytes, bytes], bytes] = {}
         self._drained: asyncio.Future[None] | None = None
-        self.weights_stale: Callable[[], bool] = lambda: coordinator.weights_stale  # one for every held request
-
-    def inference_target(self, method: bytes, url: bytes) -> bytes | BadTarget | None:
-        """The origin-form target to send vLLM when (method, url) is an inference route, None when it is not,
-        BadTarget when the target reads two ways. Inference uses a handful of targets: the decisions are kept
-        (bounded, as query strings make targets unbounded)."""
-        key = (method, url)
-        decided = self._decided.get(key)
-        if decided is not None:
-            return decided or None
-        try:
-            target = canonical_target(url.decode("latin-1"))
-        except BadTarget as exc:
-            return exc
-        kind = self.routes.classify(method.decode("latin-1"), target.path)
-        fast = target.raw.encode("latin-1") if kind is RouteKind.INFERENCE else b""
-        if len(self._decided) < _DECIDED_CACHE_SIZE:
-            self._decided[key] = fast
-        return fast or None
 
     def protocol(self) -> FrontConnection:
         return FrontConnection(self)
+
+    def exchange_for(self, client: FrontConnection, request: ParsedRequest) -> Exchange:
+        """The exchange that answers `request` (its body whole); raises the LifeguardError to answer instead."""
+        route = request.route
+        assert route is not None
+        fleet = self.fleet
+        if route.kind is None:
+            return Answered(client, request, own(fleet, route, request), tasks=fleet.tasks,
+                            count=fleet.metrics.proxy_error)  # fmt: skip
+        if route.engine is not None:
+            return self.for_engine(client, request, route, route.engine)
+        model = model_of(request.whole_body()) if route.by_model else None
+        if model is None:
+            raise self.router.not_chosen(route)
+        name = fleet.directory.known(model)
+        if name is None:
+            return Answered(client, request, self._discovered(client, request, route, model), tasks=fleet.tasks,
+                            count=fleet.metrics.proxy_error)  # fmt: skip
+        return self.for_engine(client, request, route, fleet.engines[name])
+
+    async def _discovered(self, client: FrontConnection, request: ParsedRequest, route: Route, model: str) -> Exchange:
+        """A model no engine was known to serve: ask the engines once more (a LoRA adapter loaded since)."""
+        name = await self.fleet.directory.engine_for(model)
+        if name is None:
+            raise ModelNotFound(model)
+        return self.for_engine(client, request, route, self.fleet.engines[name])
+
+    def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
+        kind = route.kind
+        if kind is RouteKind.INFERENCE:
+            ticket = engine.gate.try_admit()
+            if ticket is not None:
+                return Forward(client, request, engine, route.target, ticket=ticket,
+                               stale=engine.coordinator.weights_stale)  # fmt: skip
+            return HeldExchange(client, request, engine, route.target)
+        if kind is RouteKind.LIFECYCLE:
+            op = LIFECYCLE_PATHS[route.path.rstrip("/")]
+            metrics = engine.metrics
+            return Answered(
+                client,
+                request,
+                lifecycle(engine, op, route.query, request.whole_body()),
+                tasks=self.fleet.tasks,
+                count=metrics.proxy_error,
+                on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
+            )
+        if kind is RouteKind.SERIALIZED:
+            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks)
+        if kind is RouteKind.AT_ONCE:
+            if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
+                raise refusal
+        elif kind is RouteKind.UNKNOWN:
+            engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
+        return Forward(client, request, engine, route.target, drop=request.drop)
+
+    def refused_at_the_door(self, request: ParsedRequest, error: LifeguardError) -> None:
+        """Count a request the front answered with `error` before any exchange, where its engine is known."""
+        route = request.route
+        engine = route.engine if route is not None else None
+        if engine is None:
+            return
+        if route is not None and route.kind is RouteKind.INFERENCE:
+            outcome = error.reason if error.reason in INFERENCE_OUTCOMES else "engine_unavailable"
+            not_forwarded(engine, request, outcome)
+            return
+        if route is not None and route.kind is RouteKind.LIFECYCLE:
+            op = LIFECYCLE_PATHS.get(route.path.rstrip("/"))
+            if op is not None:
+                engine.metrics.operation_finished(op, "invalid" if error.status in (400, 413) else "unauthorized", 0)
+        engine.metrics.request_duration("passthrough", time.monotonic() - request.started)
 
     def exchange_ended(self) -> None:
         self.active -= 1
@@ -156,13 +202,16 @@ class FrontConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing or self._reader.upgraded:
             return
-        refusal = self._reader.feed(data)
-        if self._reader.upgraded:
-            self._close_after = True
-        if refusal is not None:
-            self._refuse(refusal)
-            return
-        self._pump()
+        try:
+            refusal = self._reader.feed(data)
+            if self._reader.upgraded:
+                self._close_after = True
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+            self._pump()
+        except Exception as exc:
+            self._crashed(exc)
 
     def eof_received(self) -> bool | None:
         # A client's end of input is taken as the client leaving, as aiohttp's server does: a request it has
@@ -176,38 +225,71 @@ class FrontConnection(asyncio.Protocol):
         self._queue.clear()
         active, self._active = self._active, None
         if active is not None:
-            active.client_gone()
             self._front.exchange_ended()
+            try:
+                active.client_gone()
+            except Exception as bug:
+                caught("client", bug, self._front.fleet.metrics.proxy_error)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
-        if self._active is not None:
-            self._active.client_writable(False)
+        self._tell_writable(False)
 
     def resume_writing(self) -> None:
         self.writing_paused = False
+        self._tell_writable(True)
+
+    def _tell_writable(self, writable: bool) -> None:
         if self._active is not None:
-            self._active.client_writable(True)
+            try:
+                self._active.client_writable(writable)
+            except Exception as exc:
+                self._crashed(exc)
+
+    def _crashed(self, exc: Exception) -> None:
+        """A bug of ours while serving this connection (proxy/boundary.py): whatever was in progress is ended,
+        the client is answered (or, mid-answer, its connection dropped), and the connection closes."""
+        error = caught("client", exc, self._front.fleet.metrics.proxy_error)
+        self._queue.clear()
+        active, self._active = self._active, None
+        if active is not None:
+            self._front.exchange_ended()
+            try:
+                active.client_gone()
+            except Exception as bug:
+                caught("client", bug, self._front.fleet.metrics.proxy_error)
+            if active.head_sent:
+                self.transport.abort()
+                self._closing = True
+                return
+        if not self._closing and not self.transport.is_closing():
+            self.transport.write(error_bytes(error, close=True))
+        self._close()
 
     # ----- deciding
     def _head_read(self, request: ParsedRequest) -> None:
         self._idle_deadline = None
-        self._classify(request)
+        self._route(request)
         self._queue.append(request)
         if self._active is not None or len(self._queue) > 1:
             self._pause_reading("pipeline")  # answered in order: read on once the one before is answered
 
-    def _classify(self, request: ParsedRequest) -> None:
-        fast_target = self._front.inference_target(request.method, request.url)
-        if isinstance(fast_target, BadTarget):
-            request.error = fast_target
+    def _route(self, request: ParsedRequest) -> None:
+        """Where it goes, and what is refused before a byte of its body is read (nothing is buffered for a
+        caller without the admin token, nor beyond the size limit): refused with its body still on the wire,
+        the connection cannot carry another request."""
+        front = self._front
+        try:
+            route = request.route = front.router.route(request.method, request.url)
+            if route.kind in GUARDED:
+                request.drop = admin_carrier(request.headers, front.admin_token)
+        except LifeguardError as exc:
+            if request.content_length or request.chunked:
+                exc.close_connection = exc.close_connection or exc.status in (401, 403)
+            request.error = exc
             return
-        if fast_target is None:
-            return
-        request.fast_target = fast_target
-        limit = self._front.settings.max_body_bytes
+        limit = front.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
             request.error = BodyTooLarge(
                 f"the request body ({request.content_length} bytes) exceeds the limit of {limit} bytes",
                 close_connection=True,
@@ -218,67 +300,36 @@ class FrontConnection(asyncio.Protocol):
             return
         self._pumping = True
         try:
-            while not self._closing:
-                active = self._active
-                if active is not None:
-                    if isinstance(active, SeamExchange):
-                        active.send_body()
-                    return
-                if not self._queue or not self._start(self._queue[0]):
-                    return
+            while not self._closing and self._active is None and self._queue and self._start(self._queue[0]):
+                pass
         finally:
             self._pumping = False
 
     def _start(self, request: ParsedRequest) -> bool:
         """Answer or start the request at the head of the queue; False while its body is still awaited."""
         front = self._front
+        if request.error is None and request.body_size > front.settings.max_body_bytes:
+            request.error = BodyTooLarge(
+                f"the request body exceeds the limit of {front.settings.max_body_bytes} bytes", close_connection=True
+            )
+        if not (request.complete or (request.error is not None and request.error.close_connection)):
+            self._await_body(request)
+            return False
+        self._cancel_body_timer()
+        self._queue.pop(0)
         if request.error is not None:
-            if not (request.complete or request.error.close_connection):
-                self._await_body(request)
-                return False
-            self._queue.pop(0)
             self._answer(request, request.error)
             return True
-        exchange: Exchange
-        if request.fast_target is not None:
-            limit = front.settings.max_body_bytes
-            if request.body_size > limit:
-                request.error = BodyTooLarge(
-                    f"the request body exceeds the limit of {limit} bytes", close_connection=True
-                )
-                return self._start(request)
-            if not request.complete:
-                self._await_body(request)
-                return False
-            self._cancel_body_timer()
-            ticket = front.gate.try_admit()
-            if ticket is not None:
-                exchange = FastExchange(
-                    self,
-                    request,
-                    front.upstreams,
-                    ticket,
-                    request.fast_target,
-                    stale=front.coordinator.weights_stale,
-                )
-            else:
-                exchange = HeldExchange(
-                    self,
-                    request,
-                    front.upstreams,
-                    front.gate,
-                    request.fast_target,
-                    front.weights_stale,
-                )
-                # A held request's connection waits without llhttp's parser, and without the idle timer, which
-                # would do nothing when it fired (a request is in progress); the answer arms it again.
-                self._reader.rest()
-                self._cancel_idle_timer()
-        else:
-            if request.expect_continue and not request.complete:
-                self.transport.write(_CONTINUE)
-            exchange = SeamExchange(self, request, front.upstreams)
-        self._queue.pop(0)
+        try:
+            exchange = front.exchange_for(self, request)
+        except LifeguardError as exc:
+            self._answer(request, exc)
+            return True
+        if isinstance(exchange, HeldExchange):
+            # A held request's connection waits without llhttp's parser, and without the idle timer, which
+            # would do nothing when it fired (a request is in progress); the answer arms it again.
+            self._reader.rest()
+            self._cancel_idle_timer()
         self._active = exchange
         front.active += 1
         exchange.start()
@@ -295,17 +346,19 @@ class FrontConnection(asyncio.Protocol):
         self._body_timer = None
         if self._closing or self._active is not None or not self._queue:
             return
-        request = self._queue.pop(0)
-        self._answer(request, request.error or BodyTimeout(f"the request body did not arrive within {timeout:g} s"))
+        try:
+            request = self._queue.pop(0)
+            self._answer(request, request.error or BodyTimeout(f"the request body did not arrive within {timeout:g} s"))
+        except Exception as exc:
+            self._crashed(exc)
 
     # ----- answering
     def _answer(self, request: ParsedRequest, error: LifeguardError) -> None:
-        """An error of the front's own, for a request that reached no upstream."""
+        """An error of the front's own, for a request that reached no exchange."""
         self._cancel_body_timer()
-        route_class = "inference" if request.fast_target is not None else "passthrough"  # as handlers.proxy counts
-        self._front.upstreams.metrics.request_duration(route_class, time.monotonic() - request.started)
+        self._front.refused_at_the_door(request, error)
         close = error.close_connection or not request.keep_alive or not request.complete or self._close_after
-        self.transport.write(render_error_bytes(error, close=close))
+        self.transport.write(error_bytes(error, close=close))
         if close:
             self._close()
         else:
@@ -318,14 +371,14 @@ class FrontConnection(asyncio.Protocol):
         self._front.exchange_ended()
         if close or self._close_after or self._refusal is not None:
             if self._refusal is not None and not self._closing:
-                self.transport.write(render_error_bytes(self._refusal, close=True))
+                self.transport.write(error_bytes(self._refusal, close=True))
             self._close()
             return
         self._answered()
         self._pump()
 
     def replace_exchange(self, old: Exchange, new: Exchange) -> None:
-        """A held request admitted: its forwarding takes its place on this connection."""
+        """An exchange hands over to another (a held request admitted, a control call let through)."""
         if self._active is old:
             self._active = new
 
@@ -341,27 +394,9 @@ class FrontConnection(asyncio.Protocol):
         self._queue.clear()
         self._cancel_body_timer()
         self._pause_reading("refused")
-        active = self._active
-        if active is None:
-            self.transport.write(render_error_bytes(error, close=True))
+        if self._active is None:
+            self.transport.write(error_bytes(error, close=True))
             self._close()
-        elif not active.request.complete:
-            # Its body will never be whole: the upstream side sees a broken request, the client an answer
-            # if none has begun.
-            self._active = None
-            self._front.exchange_ended()
-            active.client_gone()
-            if active.head_sent:
-                self.transport.abort()
-            else:
-                self.transport.write(render_error_bytes(error, close=True))
-            self._close()
-
-    def upload_paused(self, paused: bool) -> None:
-        if paused:
-            self._pause_reading("upload")
-        else:
-            self._resume_reading("upload")
 
     # ----- connection upkeep
     def _close(self) -> None:

@@ -4,15 +4,13 @@ The coordinator tells the gate what to do (`set_admission`) after every state ch
 looks at the machine itself. The fast path (engine RUNNING) is one comparison and a counter, no lock:
 asyncio runs one callback at a time, so the admission read and the in-flight increment are atomic.
 
-Two kinds of held request share the queue and its rules: a coroutine waiting in `admit` (the aiohttp
-application), and a `Parked` request of the raw front (proxy/front.py), which is only its callbacks and a
-deadline: no task, future, timer or `web.Request` per held request. Parked requests enter the queue in the
-order of their deadlines (one hold timeout for all), so one timer, at the first deadline, serves them all.
+A held request is `Parked`: only its owner's callbacks and a deadline, no task, future, timer or coroutine
+per held request. Parked requests enter the queue in the order of their deadlines (one hold timeout for
+all), so one timer, at the first deadline, serves them all.
 
-Every held request ends exactly one way: released (forwarded), client gone (the handler was
-cancelled), its deadline (`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a
-request already held when the engine fails keeps waiting until its deadline, because the engine may
-come back.
+Every held request ends exactly one way: released (forwarded), client gone (`Parked.cancel`), its deadline
+(`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a request already held when the
+engine fails keeps waiting until its deadline, because the engine may come back.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ class ParkedOwner(Protocol):
 
 
 class Parked:
-    """A raw-front request held in the gate's queue; `cancel()` when its client leaves."""
+    """A request held in the gate's queue; `cancel()` when its client leaves."""
 
     __slots__ = ("_gate", "_owner", "_size", "_deadline", "_started", "_ended")
 
@@ -117,7 +115,7 @@ class RequestGate:
         self.on_held_while_sleeping: Callable[[], None] = lambda: None
         self._admission = Admission.HOLD
         self._sleeping = False
-        self._held: collections.deque[asyncio.Future[None] | Parked] = collections.deque()
+        self._held: collections.deque[Parked] = collections.deque()
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -138,23 +136,22 @@ class RequestGate:
         return self._admission
 
     def set_admission(self, admission: Admission, *, sleeping: bool = False) -> None:
-        """Told by the coordinator after each change; FORWARD releases every held request in arrival order."""
+        """Told by the coordinator after each change; FORWARD releases every held request in arrival order.
+        Requests held before the engine was known asleep (held while it started or fell asleep) ask for the
+        wake as one that arrives while it sleeps would."""
+        was_sleeping, self._sleeping = self._sleeping, sleeping
         self._admission = admission
-        self._sleeping = sleeping
         if admission is Admission.FORWARD:
             self._release_batch()
         elif admission is Admission.REJECT_SLEEPING:
             self._fail_held(EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps"))
+        elif sleeping and not was_sleeping and self._held:
+            self.on_held_while_sleeping()
 
     def _release_batch(self) -> None:
         released = 0
         while self._held and released < RELEASE_BATCH:
-            waiter = self._held.popleft()
-            if isinstance(waiter, Parked):
-                released += waiter._release()
-            elif not waiter.done():
-                waiter.set_result(None)
-                released += 1
+            released += self._held.popleft()._release()
         if self._held and self._admission is Admission.FORWARD:
             asyncio.get_running_loop().call_soon(self._release_batch)
 
@@ -168,31 +165,17 @@ class RequestGate:
         return self._held_bytes
 
     def try_admit(self) -> Ticket | None:
-        """A ticket when the request may be forwarded at once, else None (the caller then goes through
-        `admit`): the raw front's fast path, no coroutine."""
+        """A ticket when the request may be forwarded at once, else None (the caller then `park`s it)."""
         self.last_activity = time.monotonic()
         # While a release drains, newcomers queue behind the held requests: arrival order is kept.
         if self._admission is Admission.FORWARD and self._closed is None and not self._held:
             return self._admitted(0.0)
         return None
 
-    async def admit(self, size: int = 0) -> Ticket:
-        """Wait until the request (of `size` body bytes) may be forwarded; raises a LifeguardError for every
-        other ending."""
-        ticket = self.try_admit()
-        if ticket is not None:
-            return ticket
-        self._check_room(size)
-        self._held_bytes += size
-        try:
-            return await self._hold()
-        finally:
-            self._held_bytes -= size
-
     def park(self, owner: ParkedOwner, size: int = 0) -> Parked:
-        """`admit` for the raw front, as callbacks: call after `try_admit` said no. Raises the LifeguardError
-        of a request refused at once; otherwise `owner` is told exactly once how the hold ended (admitted,
-        or refused with the error), unless the request is cancelled first."""
+        """Hold a request (of `size` body bytes) after `try_admit` said no. Raises the LifeguardError of a request
+        refused at once; otherwise `owner` is told exactly once how the hold ended (admitted, or refused with
+        the error), unless the request is cancelled first."""
         self._check_room(size)
         self._held_bytes += size
         loop = asyncio.get_running_loop()
@@ -212,18 +195,16 @@ class RequestGate:
         now = loop.time()
         due: list[Parked] = []
         for waiter in self._held:
-            if isinstance(waiter, Parked):
-                if waiter._deadline > now:
-                    break
-                due.append(waiter)
+            if waiter._deadline > now:
+                break
+            due.append(waiter)
         for parked in due:
             parked._expired()  # its owner's answer may park a request, arming the timer: re-armed below
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
-        first = next((waiter for waiter in self._held if isinstance(waiter, Parked)), None)
-        if first is not None:
-            self._deadline_timer = loop.call_at(first._deadline, self._deadlines_due)
+        if self._held:
+            self._deadline_timer = loop.call_at(self._held[0]._deadline, self._deadlines_due)
 
     def _check_room(self, size: int) -> None:
         """Raise the error of a request that may not be held."""
@@ -244,33 +225,6 @@ class RequestGate:
                 f"of {self._max_held_bytes}"
             )
 
-    async def _hold(self) -> Ticket:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._held.append(waiter)
-        if self._sleeping:
-            self.on_held_while_sleeping()
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self._hold_timeout_s):
-                await waiter
-        except TimeoutError:
-            self._forget(waiter)
-            self._on_hold_ended("hold_timeout", time.monotonic() - started)
-            raise HoldTimeout(
-                f"held {self._hold_timeout_s:g} s while the engine was not ready; giving up", retry_after=5.0
-            ) from None
-        except asyncio.CancelledError:
-            # The client left (aiohttp cancels the handler); a release in the same tick is simply unused.
-            self._forget(waiter)
-            self._on_hold_ended("client_gone", time.monotonic() - started)
-            raise
-        except LifeguardError as exc:
-            self._on_hold_ended(exc.reason, time.monotonic() - started)
-            raise
-        held_s = time.monotonic() - started
-        self._on_hold_ended("forwarded", held_s)
-        return self._admitted(held_s)
-
     def _admitted(self, held_s: float) -> Ticket:
         self._inflight += 1
         self._idle.clear()
@@ -282,7 +236,7 @@ class RequestGate:
         if self._inflight == 0:
             self._idle.set()
 
-    def _forget(self, waiter: asyncio.Future[None] | Parked) -> None:
+    def _forget(self, waiter: Parked) -> None:
         try:
             self._held.remove(waiter)
         except ValueError:
@@ -290,11 +244,7 @@ class RequestGate:
 
     def _fail_held(self, error: LifeguardError) -> None:
         while self._held:
-            waiter = self._held.popleft()
-            if isinstance(waiter, Parked):
-                waiter._fail(error)
-            elif not waiter.done():
-                waiter.set_exception(error)
+            self._held.popleft()._fail(error)
 
     def refuse_held(self, error: LifeguardError) -> None:
         """Answer every held request `error` now (a wake that cannot happen: waiting out the deadline would

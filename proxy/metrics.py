@@ -13,7 +13,11 @@ Rules kept here (Prometheus's naming practices, prometheus.io/docs/practices/nam
   so a typo in a caller fails its tests instead of inventing a new series in production.
 * Methods on the request path are a dict lookup plus one ``inc``/``observe``/``set``: children are
   bound once, at construction.
-* The registry is injected (one per app), never prometheus_client's global ``REGISTRY``.
+* The registry is injected (one per proxy), never prometheus_client's global ``REGISTRY``.
+* Every series about an engine has an ``engine`` label, a single engine's too (``engine="default"`` for
+  ``upstream:``): one shape for one engine or many, so a dashboard, an alert or a query written for one
+  proxy works unchanged when a second engine is added. Series about the proxy itself (its build, its own
+  bugs) have none. Components of one engine are handed its ``EngineMetrics``, whose children are bound.
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
-from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.exposition import choose_encoder
 
 __all__ = [
     "CHECKS",
@@ -36,6 +39,7 @@ __all__ = [
     "POLICIES",
     "REQUEST_BUCKETS",
     "ROUTE_CLASSES",
+    "EngineMetrics",
     "Metrics",
 ]
 
@@ -76,6 +80,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
     "stream_broken",
     "body_too_large",
     "aborted_by_sleep",
+    "proxy_error",
 )
 
 #: Which table row a request was classified under.
@@ -100,21 +105,27 @@ REQUEST_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
-_M = TypeVar("_M", Counter, Histogram)
+#: Where in the proxy a bug (an unexpected exception) was caught, for ``lifeguard_proxy_errors_total``.
+PROXY_ERROR_PLACES: tuple[str, ...] = ("client", "forward", "hold", "answer", "upstream")
+
+#: How a swap (a wake of one of several engines on shared GPUs, with the room made for it) ended.
+SWAP_OUTCOMES: tuple[str, ...] = ("ok", "no_room", "failed")
+
+_M = TypeVar("_M", Counter, Histogram, Gauge)
 
 
-def _bind(parent: _M, values: Iterable[str]) -> dict[str, _M]:
+def _bind(parent: _M, engine: str, values: Iterable[str]) -> dict[str, _M]:
     """One pre-created child per label value: the hot path does a dict lookup, not ``labels()``."""
-    return {value: parent.labels(value) for value in values}
+    return {value: parent.labels(engine, value) for value in values}
 
 
 class Metrics:
-    """The proxy's metrics on one injected registry, fed through one method per kind of event.
+    """Every series of one proxy on one injected registry: the families, the proxy's own series, and one
+    ``EngineMetrics`` per engine (``engine(name)``).
 
-    ``states`` is the state machine's state names, the first being the state at start-up;
-    ``operations`` is the lifecycle operations the coordinator reports. ``edges`` optionally
-    narrows the pre-created ``from_state``/``to_state`` pairs to the machine's real transitions
-    (default: every ordered pair of distinct states).
+    ``states`` is the state machine's state names, the first being the state at start-up; ``operations`` is
+    the lifecycle operations the coordinators report. ``edges`` optionally narrows the pre-created
+    ``from_state``/``to_state`` pairs to the machine's real transitions (default: every ordered pair).
     """
 
     def __init__(
@@ -122,188 +133,261 @@ class Metrics:
         registry: CollectorRegistry,
         *,
         version: str,
+        engines: Sequence[str],
         states: Sequence[str],
         operations: Sequence[str],
         edges: Iterable[tuple[str, str]] | None = None,
     ) -> None:
         self.registry = registry
-        states = tuple(states)
-        operations = tuple(operations)
+        self.states = tuple(states)
+        self.operations = tuple(operations)
+        self.edges = tuple(edges) if edges is not None else tuple(itertools.permutations(self.states, 2))
+        e = ["engine"]
 
         Info(
             "lifeguard_build",
             "Build of the running vllm-lifeguard proxy; constant 1, the version is in the label.",
             registry=registry,
         ).info({"version": version})
+        self._proxy_errors = Counter(
+            "lifeguard_proxy_errors",
+            "Unexpected exceptions (bugs) the proxy caught, answered 503 proxy_error (or an SSE error event on a "
+            "stream already started) and logged with their traceback, by where they were caught.",
+            ["where"],
+            registry=registry,
+        )
+        self._proxy_error_children = {where: self._proxy_errors.labels(where) for where in PROXY_ERROR_PLACES}
 
         # --- the authoritative state
-        self._state = Enum(
+        self.state = Enum(
             "lifeguard_state",
             "The proxy's authoritative engine state: 1 for the current state, 0 for every other; "
             "changes on each state-machine transition.",
-            states=list(states),
+            e,
+            states=list(self.states),
             registry=registry,
         )
-        self._state_entered = Gauge(
+        self.state_entered = Gauge(
             "lifeguard_state_entered_timestamp_seconds",
             "Unix time at which the current lifeguard_state was entered; set on each transition.",
+            e,
             registry=registry,
         )
-        self._state_entered.set_to_current_time()
-        transitions = Counter(
+        self.transitions = Counter(
             "lifeguard_state_transitions",
             "State-machine transitions taken, counted when the new state is entered.",
-            ["from_state", "to_state"],
+            [*e, "from_state", "to_state"],
             registry=registry,
         )
-        pairs = edges if edges is not None else ((a, b) for a, b in itertools.product(states, states) if a != b)
-        self._transitions_parent = transitions
-        self._transitions = {(a, b): transitions.labels(a, b) for a, b in pairs}
-        self._state_names = frozenset(states)
 
         # --- lifecycle operations
-        operations_total = Counter(
+        self.operations_total = Counter(
             "lifeguard_lifecycle_operations",
             "Lifecycle calls (sleep, wake_up, pause ...) received, counted when answered, by outcome.",
-            ["operation", "outcome"],
+            [*e, "operation", "outcome"],
             registry=registry,
         )
-        self._operations = {
-            (op, outcome): operations_total.labels(op, outcome)
-            for op, outcome in itertools.product(operations, OPERATION_OUTCOMES)
-        }
-        duration = Histogram(
+        self.operation_duration = Histogram(
             "lifeguard_lifecycle_operation_duration_seconds",
             "Wall time of a lifecycle call from arrival to answer (queueing, upstream call and "
             "verification included), observed when answered, whatever the outcome.",
-            ["operation"],
+            [*e, "operation"],
             buckets=LIFECYCLE_BUCKETS,
             registry=registry,
         )
-        self._operation_durations = _bind(duration, operations)
 
         # --- held and in-flight inference requests
-        self._held = Gauge(
+        self.held = Gauge(
             "lifeguard_held_requests",
             "Inference requests held by the proxy right now, waiting for the engine to be RUNNING.",
+            e,
             registry=registry,
         )
-        hold = Histogram(
+        self.hold = Histogram(
             "lifeguard_hold_duration_seconds",
             "Time an inference request spent held, observed when it leaves the hold, by how it left.",
-            ["outcome"],
+            [*e, "outcome"],
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        self._holds = _bind(hold, HOLD_OUTCOMES)
-        inference = Counter(
+        self.inference = Counter(
             "lifeguard_inference_requests",
             "Inference requests, counted once when they end, by outcome (forwarded or why not).",
-            ["outcome"],
+            [*e, "outcome"],
             registry=registry,
         )
-        self._inference = _bind(inference, INFERENCE_OUTCOMES)
-        self._inflight = Gauge(
+        self.inflight = Gauge(
             "lifeguard_inflight_requests",
             "Inference requests forwarded to vLLM whose response has not finished yet.",
+            e,
             registry=registry,
         )
-        self._upstream_latency = Histogram(
+        self.upstream_latency = Histogram(
             "lifeguard_upstream_response_latency_seconds",
             "Time from sending a request to vLLM to receiving its response headers, observed per forwarded request.",
+            e,
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        request_duration = Histogram(
+        self.request_duration = Histogram(
             "lifeguard_request_duration_seconds",
             "Wall time of a request through the proxy, arrival to last byte (holding included), "
             "observed when it ends, by route class.",
-            ["route_class"],
+            [*e, "route_class"],
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        self._request_durations = _bind(request_duration, ROUTE_CLASSES)
 
         # --- verification: catching "200 lies"
-        checks = Counter(
+        self.checks = Counter(
             "lifeguard_verification_checks",
             "Verification checks run after a lifecycle 200, by check and result.",
-            ["check", "result"],
+            [*e, "check", "result"],
             registry=registry,
         )
-        self._checks = {
-            (check, result): checks.labels(check, result) for check, result in itertools.product(CHECKS, CHECK_RESULTS)
-        }
-        lies = Counter(
+        self.lies = Counter(
             "lifeguard_lies_caught",
             'Lifecycle calls that vLLM answered 200 but verification proved untrue ("200 lies"), '
             "by operation and the check that caught it.",
-            ["operation", "check"],
+            [*e, "operation", "check"],
             registry=registry,
         )
-        self._lies = {(op, check): lies.labels(op, check) for op, check in itertools.product(operations, CHECKS)}
-        self._drift = Counter(
+        self.drift = Counter(
             "lifeguard_drift_events",
             "Times reconciliation found vLLM's real state differing from the proxy's, counted when "
             "detected (someone called vLLM directly, or the engine changed on its own).",
+            e,
             registry=registry,
         )
-        self._restarts = Counter(
+        self.restarts = Counter(
             "lifeguard_engine_restarts",
             "Times the engine was seen to have restarted (it came back awake and fresh after being "
             "unreachable or asleep), counted when detected.",
+            e,
             registry=registry,
         )
-        self._weights_stale = Gauge(
+        self.weights_stale = Gauge(
             "lifeguard_weights_stale",
             "1 while the engine's weights are known stale (after a level-2 sleep, until weights are "
             "loaded again), else 0.",
+            e,
             registry=registry,
         )
 
-        # --- GPU memory, as the probe last read it
-        self._gpu_used = Gauge(
+        # --- GPU memory, as the engine's probe last read it
+        self.gpu_used = Gauge(
             "lifeguard_gpu_memory_used_bytes",
-            "GPU memory in use on the device, as last read by the proxy's probe (NVML or file).",
-            ["gpu"],
+            "GPU memory in use, as last read by the engine's probe (NVML or file): the device's, or the "
+            "engine's own share where several engines share the device and the probe can tell.",
+            [*e, "gpu"],
             registry=registry,
         )
-        self._gpu_total = Gauge(
+        self.gpu_total = Gauge(
             "lifeguard_gpu_memory_total_bytes",
-            "Total GPU memory of the device, as last read by the proxy's probe.",
-            ["gpu"],
+            "Total GPU memory of the device, as last read by the engine's probe.",
+            [*e, "gpu"],
             registry=registry,
         )
-        self._gpu_probe = Gauge(
+        self.gpu_probe = Gauge(
             "lifeguard_gpu_probe_available",
-            "1 if the last GPU memory probe succeeded, 0 if there is no probe or it failed.",
+            "1 if the engine's last GPU memory probe succeeded, 0 if there is no probe or it failed.",
+            e,
             registry=registry,
         )
 
         # --- operating policies
-        policies = Counter(
+        self.policies = Counter(
             "lifeguard_policy_actions",
             "Actions an operating policy took on its own (a wake on request, an idle sleep, a drain), "
             "counted when started.",
-            ["policy"],
+            [*e, "policy"],
             registry=registry,
         )
-        self._policies = _bind(policies, POLICIES)
 
         # --- routes in no table (routes.RouteKind.UNKNOWN): the one label whose values are open, so bounded
-        self._unknown_routes = Counter(
+        self.unknown_routes = Counter(
             "lifeguard_unknown_route_requests",
             "Requests to a route neither vLLM nor a supported trainer serves, forwarded at once "
             "(unknown_routes: pass), by method and path template (digits as {id}; past "
-            f"{UNKNOWN_ROUTE_LABELS} templates, 'other').",
-            ["method", "path"],
+            f"{UNKNOWN_ROUTE_LABELS} templates per engine, 'other').",
+            [*e, "method", "path"],
             registry=registry,
         )
-        self._unknown_route_children: dict[tuple[str, str], Counter] = {}
 
-    def handler(self) -> Handler:
-        """The aiohttp handler serving this registry (mounted at ``GET /lifeguard/metrics``)."""
-        return make_aiohttp_handler(self.registry)
+        # --- swaps between engines sharing GPUs (proxy/arbiter.py)
+        self._swaps = Counter(
+            "lifeguard_swaps",
+            "Wakes of a sleeping engine on shared GPUs through the arbiter (room made first), by how they ended.",
+            [*e, "outcome"],
+            registry=registry,
+        )
+        self._swap_durations = Histogram(
+            "lifeguard_swap_duration_seconds",
+            "From a swap's start (its GPUs taken) to the engine awake and verified, sleeps of others included.",
+            e,
+            buckets=LIFECYCLE_BUCKETS,
+            registry=registry,
+        )
+
+        self._engines = {name: EngineMetrics(self, name) for name in engines}
+
+    def engine(self, name: str) -> EngineMetrics:
+        """The series of engine ``name``, children bound."""
+        return self._engines[name]
+
+    def proxy_error(self, where: str) -> None:
+        """A bug was caught at ``where`` (PROXY_ERROR_PLACES)."""
+        self._proxy_error_children[where].inc()
+
+    def swap_finished(self, engine: str, outcome: str, seconds: float) -> None:
+        """A swap of ``engine`` ended with ``outcome`` (SWAP_OUTCOMES) after ``seconds``."""
+        self._engines[engine].swaps[outcome].inc()
+        if outcome == "ok":
+            self._engines[engine].swap_duration.observe(seconds)
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The registry as the scraper asked for it (Prometheus text or OpenMetrics), and its content type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class EngineMetrics:
+    """One engine's series, fed through one method per kind of event; children bound at construction."""
+
+    def __init__(self, family: Metrics, engine: str) -> None:
+        self.name = engine
+        self._family = family
+        self._state = family.state.labels(engine)
+        self._state_entered = family.state_entered.labels(engine)
+        self._state_entered.set_to_current_time()
+        self._transitions = {(a, b): family.transitions.labels(engine, a, b) for a, b in family.edges}
+        self._operations = {
+            (op, outcome): family.operations_total.labels(engine, op, outcome)
+            for op, outcome in itertools.product(family.operations, OPERATION_OUTCOMES)
+        }
+        self._operation_durations = _bind(family.operation_duration, engine, family.operations)
+        self._held = family.held.labels(engine)
+        self._holds = _bind(family.hold, engine, HOLD_OUTCOMES)
+        self._inference = _bind(family.inference, engine, INFERENCE_OUTCOMES)
+        self._inflight = family.inflight.labels(engine)
+        self._upstream_latency = family.upstream_latency.labels(engine)
+        self._request_durations = _bind(family.request_duration, engine, ROUTE_CLASSES)
+        self._checks = {
+            (check, result): family.checks.labels(engine, check, result)
+            for check, result in itertools.product(CHECKS, CHECK_RESULTS)
+        }
+        self._lies = {
+            (op, check): family.lies.labels(engine, op, check)
+            for op, check in itertools.product(family.operations, CHECKS)
+        }
+        self._drift = family.drift.labels(engine)
+        self._restarts = family.restarts.labels(engine)
+        self._weights_stale = family.weights_stale.labels(engine)
+        self._gpu_probe = family.gpu_probe.labels(engine)
+        self._policies = _bind(family.policies, engine, POLICIES)
+        self._unknown_route_children: dict[tuple[str, str], Counter] = {}
+        self.swaps = _bind(family._swaps, engine, SWAP_OUTCOMES)
+        self.swap_duration = family._swap_durations.labels(engine)
 
     # --- state
 
@@ -317,10 +401,10 @@ class Metrics:
         self._state_entered.set_to_current_time()
 
     def _new_edge(self, src: str, dst: str) -> Counter:
-        unknown = {src, dst} - self._state_names
+        unknown = {src, dst} - set(self._family.states)
         if unknown:
             raise KeyError(f"unknown state(s) {sorted(unknown)}")
-        child = self._transitions[(src, dst)] = self._transitions_parent.labels(src, dst)
+        child = self._transitions[(src, dst)] = self._family.transitions.labels(self.name, src, dst)
         return child
 
     # --- lifecycle
@@ -377,14 +461,18 @@ class Metrics:
 
     def gpu_memory(self, gpu: str, used_bytes: int, total_bytes: int) -> None:
         """The probe read ``used_bytes`` of ``total_bytes`` on device ``gpu`` (its index or UUID)."""
-        self._gpu_used.labels(gpu).set(used_bytes)
-        self._gpu_total.labels(gpu).set(total_bytes)
+        self._family.gpu_used.labels(self.name, gpu).set(used_bytes)
+        self._family.gpu_total.labels(self.name, gpu).set(total_bytes)
 
     def gpu_probe_available(self, available: bool) -> None:
         """Whether the last GPU memory probe succeeded."""
         self._gpu_probe.set(1 if available else 0)
 
-    # --- policies
+    def proxy_error(self, where: str) -> None:
+        """A bug was caught at ``where`` while serving this engine (a series of the proxy's own)."""
+        self._family.proxy_error(where)
+
+    # --- routes and policies
 
     def unknown_route(self, method: str, template: str) -> None:
         key = (method if method in HTTP_METHODS else "other", template)
@@ -392,41 +480,11 @@ class Metrics:
         if child is None:
             if len(self._unknown_route_children) >= UNKNOWN_ROUTE_LABELS:
                 key = (key[0], "other")
-            child = self._unknown_route_children.setdefault(key, self._unknown_routes.labels(*key))
+            child = self._unknown_route_children.get(key)
+            if child is None:
+                child = self._unknown_route_children[key] = self._family.unknown_routes.labels(self.name, *key)
         child.inc()
 
     def policy_action(self, policy: str) -> None:
         """An operating ``policy`` (POLICIES) acted on its own."""
         self._policies[policy].inc()
-
-
-#: How a swap (a wake of one of several engines on shared GPUs, with the room made for it) ended.
-SWAP_OUTCOMES: tuple[str, ...] = ("ok", "no_room", "failed")
-
-
-class SwapMetrics:
-    """The arbiter's series (proxy/arbiter.py), on the registry of the top-level app of several engines."""
-
-    def __init__(self, registry: CollectorRegistry, engines: Sequence[str]) -> None:
-        self.registry = registry
-        swaps = Counter(
-            "lifeguard_swaps",
-            "Wakes of a sleeping engine on shared GPUs through the arbiter (room made first), by how they ended.",
-            ["engine", "outcome"],
-            registry=registry,
-        )
-        durations = Histogram(
-            "lifeguard_swap_duration_seconds",
-            "From a swap's start (its GPUs taken) to the engine awake and verified, sleeps of others included.",
-            ["engine"],
-            buckets=LIFECYCLE_BUCKETS,
-            registry=registry,
-        )
-        self._swaps = {(e, o): swaps.labels(e, o) for e in engines for o in SWAP_OUTCOMES}
-        self._durations = {e: durations.labels(e) for e in engines}
-
-    def swap_finished(self, engine: str, outcome: str, seconds: float) -> None:
-        """A swap of ``engine`` ended with ``outcome`` (SWAP_OUTCOMES) after ``seconds``."""
-        self._swaps[(engine, outcome)].inc()
-        if outcome == "ok":
-            self._durations[engine].observe(seconds)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from .config import EngineSettings, Settings
+from .engine import Engine
 from .errors import UpstreamError
-from .upstream import VllmClient
 
 log = logging.getLogger("lifeguard.models")
 
@@ -22,12 +22,9 @@ _REFRESH_AT_MOST_EVERY_S = 1.0
 
 
 class ModelDirectory:
-    def __init__(self, settings: Settings, clients: dict[str, VllmClient]) -> None:
-        self._engines: dict[str, EngineSettings] = {engine.name: engine for engine in settings.engines}
-        self._clients = clients
-        key = settings.upstream_api_key
-        self._auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
-        self._configured = {model: engine.name for engine in settings.engines for model in engine.models}
+    def __init__(self, engines: Mapping[str, Engine]) -> None:
+        self._engines = engines
+        self._configured = {model: name for name, engine in engines.items() for model in engine.config.models}
         self._discovered: dict[str, str] = {}
         self._cards: dict[str, list[dict[str, Any]]] = {}
         self._refreshed_at = float("-inf")
@@ -59,7 +56,10 @@ class ModelDirectory:
         for name, engine in self._engines.items():
             cards = self._cards.get(name)
             if cards is None:
-                cards = [{"id": model, "object": "model", "owned_by": "vllm", "root": model} for model in engine.models]
+                cards = [
+                    {"id": model, "object": "model", "owned_by": "vllm", "root": model}
+                    for model in engine.config.models
+                ]
             data.extend(cards)
         return {"object": "list", "data": data}
 
@@ -71,8 +71,11 @@ class ModelDirectory:
         return {engine: sorted(models) for engine, models in names.items()}
 
     async def _ask(self, name: str) -> None:
+        engine = self._engines[name]
+        key = engine.settings.upstream_api_key
+        auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
         try:
-            reply = await self._clients[name].call("GET", "/v1/models", headers=self._auth)
+            reply = await engine.client.call("GET", "/v1/models", headers=auth)
             cards = reply.json()["data"] if reply.status == 200 else None
         except (UpstreamError, ValueError, KeyError, TypeError) as exc:
             log.debug("cannot list the models of %s: %r", name, exc)
@@ -81,7 +84,7 @@ class ModelDirectory:
             return
         cards = [card for card in cards if isinstance(card, dict) and isinstance(card.get("id"), str)]
         self._cards[name] = cards
-        if self._engines[name].models:
+        if engine.config.models:
             return  # configured names are the routing; the engine's cards are only listed
         for card in cards:
             owner = self._discovered.setdefault(card["id"], name)

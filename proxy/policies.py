@@ -18,7 +18,7 @@ from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import LifeguardError
 from .gate import RequestGate
-from .metrics import Metrics
+from .metrics import EngineMetrics
 from .rules import Staleness
 from .states import State
 
@@ -27,7 +27,7 @@ log = logging.getLogger("lifeguard.policy")
 
 class Policies:
     def __init__(
-        self, settings: Settings, coordinator: LifecycleCoordinator, gate: RequestGate, metrics: Metrics
+        self, settings: Settings, coordinator: LifecycleCoordinator, gate: RequestGate, metrics: EngineMetrics
     ) -> None:
         self._settings = settings
         self._coordinator = coordinator

@@ -23,6 +23,7 @@ from typing import Any
 
 from .config import Settings
 from .errors import UpstreamError
+from .footprint import Footprint
 from .gpu import GpuMemoryReader, GpuReading
 from .observation import Observation
 from .upstream import VllmClient
@@ -106,6 +107,7 @@ class Verifier:
         gpu: GpuMemoryReader,
         settings: Settings,
         *,
+        footprint: Footprint | None = None,
         on_check: Callable[[str, str], None] = lambda check, result: None,
         on_memory: Callable[[GpuReading], None] = lambda reading: None,
     ) -> None:
@@ -114,7 +116,7 @@ class Verifier:
         self._settings = settings
         self._on_check = on_check
         self._on_memory = on_memory
-        self.awake_footprint: int | None = None
+        self.footprint = footprint if footprint is not None else Footprint()
         self.golden: CanaryAnswer | None = None
         self.last: Verdict | None = None
         self.last_memory: GpuReading | None = None
@@ -139,13 +141,12 @@ class Verifier:
         return verdict
 
     def note_awake(self, reading: GpuReading) -> None:
-        """Record the awake footprint; memory checks are relative to it."""
-        if reading.available and reading.used_bytes > 0:
-            self.awake_footprint = reading.used_bytes
+        """Record the awake footprint (proxy/footprint.py); memory checks are relative to it."""
+        self.footprint.note_awake(reading)
 
     def memory_freed(self, reading: GpuReading) -> bool | None:
         """Whether `reading` shows a level-1/2 sleep's memory gone; None when we cannot tell."""
-        if not reading.available or not self.awake_footprint:
+        if not reading.available or not self.footprint.awake_reading:
             return None
         return self._memory_problem(MemoryChange.FREED, reading, None) is None
 
@@ -215,7 +216,7 @@ class Verifier:
             await asyncio.sleep(self._settings.verify_poll_interval_s)
 
     def _memory_problem(self, kind: MemoryChange, now: GpuReading, before: GpuReading | None) -> str | None:
-        footprint = self.awake_footprint
+        footprint = self.footprint.awake_reading
         if footprint is None and kind is MemoryChange.FREED and before is not None and before.available:
             footprint = before.used_bytes
         if not footprint:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from .memo import Memo
-from .metrics import Metrics
+from .metrics import EngineMetrics
 from .observation import Observation
 from .rules import EngineView, Staleness, asleep_tags_for
 from .states import Lifecycle, State
@@ -44,7 +44,7 @@ class FailureKind(enum.StrEnum):
 class EngineRecord:
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: EngineMetrics,
         on_view_change: Callable[[], None],
         on_weights_changed: Callable[[], None] = lambda: None,
         on_weights_discarded: Callable[[], None] = lambda: None,

@@ -11,16 +11,16 @@ the wire cannot be trusted to start where the refused request ends.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import httptools
 
 from .errors import BadRequest, HeadersTooLarge, LifeguardError, TargetTooLong
 
-log = logging.getLogger("lifeguard.front")
+if TYPE_CHECKING:
+    from .routing import Route
 
 MAX_TARGET = 8190
 MAX_HEADER_LINE = 8190
@@ -78,7 +78,8 @@ class ParsedRequest:
         "body_size",
         "complete",
         "error",
-        "fast_target",
+        "route",
+        "drop",
     )
 
     def __init__(self) -> None:
@@ -99,8 +100,14 @@ class ParsedRequest:
         self.body_size = 0
         self.complete = False
         self.error: LifeguardError | None = None
-        # The origin-form target forwarded to vLLM when this is an inference request; None otherwise.
-        self.fast_target: bytes | None = None
+        self.route: Route | None = None  # where it goes (proxy/routing.py), decided when its head is read
+        self.drop = _NO_TOKENS  # the header that carried the admin token, never forwarded
+
+    def whole_body(self) -> bytes:
+        """The body received, joined once."""
+        if len(self.body) > 1:
+            self.body[:] = [b"".join(self.body)]
+        return self.body[0] if self.body else b""
 
 
 class RequestReader:
@@ -131,9 +138,9 @@ class RequestReader:
         except _Refused:
             return self._refusal or BadRequest("the request was refused")
         except httptools.HttpParserCallbackError as exc:
-            if self._refusal is None:
-                log.error("unexpected error reading a request", exc_info=exc.__cause__ or exc)
-            return self._refusal or LifeguardError("the proxy hit an unexpected error; see its log")
+            if self._refusal is not None:
+                return self._refusal
+            raise exc.__cause__ or exc from None  # a bug of ours in a callback: the caller's boundary has it
         except httptools.HttpParserError as exc:
             return BadRequest(f"malformed HTTP/1.1 request: {exc}")
         if self._parsing is not None and not self._parsing.head_done:

@@ -16,7 +16,7 @@ from .engine_calls import EngineCalls
 from .errors import VerificationFailed
 from .gate import RequestGate
 from .memo import StateMemo
-from .metrics import Metrics
+from .metrics import EngineMetrics
 from .outcome import Outcome, from_vllm
 from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
 from .record import EngineRecord, FailureKind
@@ -34,7 +34,7 @@ class SleepOperations:
         calls: EngineCalls,
         verifier: Verifier,
         gate: RequestGate,
-        metrics: Metrics,
+        metrics: EngineMetrics,
         memo: StateMemo,
     ) -> None:
         self._settings = settings

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from .metrics import Metrics
+from .metrics import EngineMetrics
 from .routes import path_template
 
 log = logging.getLogger("lifeguard.http")
@@ -19,7 +19,7 @@ _LOGGED_PATHS = 1024
 
 
 class UnknownRoutes:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: EngineMetrics) -> None:
         self._metrics = metrics
         self._logged: set[tuple[str, str]] = set()
 

@@ -1,10 +1,11 @@
 """A keep-alive pool of raw HTTP/1.1 connections to one origin, responses framed by llhttp (httptools).
 
-Used by the raw front (proxy/front.py) twice: towards vLLM (TCP), and towards the aiohttp application on
-unix socket pairs (proxy/seam.py). A connection carries one exchange at a time; the exchange
-(a `ResponseSink`) writes its request on `transport` and gets the response as callbacks, then hands the
-connection back with `release()` or drops it with `close()`. Nothing here creates a task per request: a
-pooled connection is handed over synchronously; only opening a new one runs a coroutine.
+One pool per engine (proxy/engine.py). A connection carries one exchange at a time; the exchange (a
+`ResponseSink`, proxy/exchange.py) writes its request on `transport` and gets the response as callbacks,
+then hands the connection back with `release()` or drops it with `close()`. Nothing here creates a task per
+request: a pooled connection is handed over synchronously; only opening a new one runs a coroutine. An
+exception an exchange's callback raises is a bug of ours: the exchange hears of it (`crashed`), never as
+an unreadable or broken response.
 
 Idle connections are reused newest first and never once older than `keepalive_s` (uvicorn, under vLLM,
 closes idle sockets after 5 s: reusing one it is closing is a reset with the request lost). Beyond
@@ -41,8 +42,8 @@ class ResponseSink(Protocol):
         """The connection ended before the response was complete."""
         ...
 
-    def upstream_writable(self, writable: bool) -> None:
-        """The request's bytes are (not) piling up in the connection's send buffer."""
+    def crashed(self, where: str, exc: BaseException) -> None:
+        """One of its own callbacks raised `exc` (a bug): end the exchange, answered (proxy/boundary.py)."""
         ...
 
 
@@ -54,6 +55,8 @@ class Waiter(Protocol):
     def connected(self, conn: UpstreamConnection) -> None: ...
 
     def connect_failed(self, why: str) -> None: ...
+
+    def crashed(self, where: str, exc: BaseException) -> None: ...
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -136,13 +139,15 @@ class UpstreamConnection(asyncio.Protocol):
             # Nothing was asked: an idle connection that speaks is not one to trust with the next request.
             self.close()
             return
+        sink = self._sink
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            sink = self._sink
+        except httptools.HttpParserCallbackError as exc:
             self.close()
-            if sink is not None:
-                sink.upstream_lost(f"unreadable response: {exc}")
+            sink.crashed("upstream", exc.__cause__ or exc)
+        except httptools.HttpParserError as exc:
+            self.close()
+            sink.upstream_lost(f"unreadable response: {exc}")
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; connection_lost follows
@@ -154,18 +159,13 @@ class UpstreamConnection(asyncio.Protocol):
             self._pool._forget(self)
         if sink is None:
             return
-        if self._head_seen and not self._framed():
-            sink.response_end()  # a response delimited by the end of the connection
-        else:
-            sink.upstream_lost(f"the connection closed mid-response: {exc!r}" if exc else "the connection closed")
-
-    def pause_writing(self) -> None:
-        if self._sink is not None:
-            self._sink.upstream_writable(False)
-
-    def resume_writing(self) -> None:
-        if self._sink is not None:
-            self._sink.upstream_writable(True)
+        try:
+            if self._head_seen and not self._framed():
+                sink.response_end()  # a response delimited by the end of the connection
+            else:
+                sink.upstream_lost(f"the connection closed mid-response: {exc!r}" if exc else "the connection closed")
+        except Exception as bug:
+            sink.crashed("upstream", bug)
 
     # ----- llhttp
     def on_status(self, status: bytes) -> None:
@@ -252,7 +252,7 @@ class UpstreamPool:
             if conn.closed or now - conn.idle_since > self._keepalive_s:
                 conn.close()
                 continue
-            waiter.connected(conn)
+            _hand(waiter, conn)
             return
         if self._closed:
             waiter.connect_failed(f"the {self._name} pool is closed")
@@ -273,11 +273,14 @@ class UpstreamPool:
             self._open -= 1
             why = f"no connection within {self._connect_timeout_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
             if waiter.wants_connection:
-                waiter.connect_failed(why)
+                try:
+                    waiter.connect_failed(why)
+                except Exception as exc:
+                    waiter.crashed("upstream", exc)
             self._next_waiter()
             return
         if waiter.wants_connection:
-            waiter.connected(conn)
+            _hand(waiter, conn)
         else:
             conn.reusable = True
             conn.release()
@@ -286,7 +289,7 @@ class UpstreamPool:
         while self._waiting:
             waiter = self._waiting.popleft()
             if waiter.wants_connection:
-                waiter.connected(conn)
+                _hand(waiter, conn)
                 return
         if self._closed:
             conn.close()
@@ -333,3 +336,10 @@ class UpstreamPool:
             if waiter.wants_connection:
                 waiter.connect_failed(f"the {self._name} pool is closed")
         await self._tasks.close()
+
+
+def _hand(waiter: Waiter, conn: UpstreamConnection) -> None:
+    try:
+        waiter.connected(conn)
+    except Exception as exc:
+        waiter.crashed("forward", exc)

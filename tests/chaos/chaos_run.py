@@ -158,8 +158,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         restarters = [asyncio.create_task(e.sim.restarter(stop_restarter), name="restarter") for e in engines]
         cmd = [*proxy_command(), "serve", "--port", str(proxy_port), "--gpu-probe", f"file:{engines[0].sim.gpu_file}"]
         env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
-        if args.data_plane:
-            env["LIFEGUARD_DATA_PLANE"] = args.data_plane
         if args.engines > 1:
             env["LIFEGUARD_ENGINES"] = json.dumps(engines_config(engines))
             env["LIFEGUARD_DRAIN_BEFORE_SLEEP_S"] = "1"  # a serving engine is drained (1 s) and swapped out
@@ -567,8 +565,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="several engines (2: a and b) on one simulated GPU that fits one awake, behind one "
                         "proxy with engines:; clients ask for every model at random (swaps), trainers call "
                         "/engines/<name>/...; no proxy restarts in this mode")  # fmt: skip
-    parser.add_argument("--data-plane", choices=["raw", "aiohttp"], default=os.environ.get("CHAOS_DATA_PLANE"),
-                        help="the proxy's data_plane (LIFEGUARD_DATA_PLANE); default: the proxy's default")  # fmt: skip
     parser.add_argument("--strict", action="store_true", default=os.environ.get("CHAOS_STRICT") == "1",
                         help="count the known core bugs (KNOWN_BUGS) as broken invariants too")  # fmt: skip
     args = parser.parse_args(argv)

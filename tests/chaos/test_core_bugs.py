@@ -14,10 +14,10 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from lifeguard_testing import LifeguardServer
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
-from proxy.app import create_app
 from proxy.config import Settings
 
 
@@ -33,9 +33,7 @@ async def _stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,
         verify_timeout_s=1.0,
         verify_poll_interval_s=0.01,
     )
-    client: TestClient[Any, Any] = await aiohttp_client(
-        create_app(settings), server_kwargs={"handler_cancellation": True}
-    )
+    client: TestClient[Any, Any] = await aiohttp_client(LifeguardServer(settings))
     deadline = time.monotonic() + 5
     while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
         assert time.monotonic() < deadline, "the proxy never reached RUNNING"

@@ -16,13 +16,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
+from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer
 
 from clients.stand_ins import modules_restored
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
-from proxy.app import create_app
 from proxy.config import Settings
 
 MODEL = "tiny"
@@ -63,7 +62,8 @@ class Stack:
     calls: list[str] = field(default_factory=list)  # method and path of every call the proxy received
 
     async def get(self, url: str) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as session, session.get(url) as response:
+        timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
             assert response.status == 200, url
             body: dict[str, Any] = await response.json()
             return body
@@ -96,6 +96,8 @@ class Stack:
 
 @pytest.fixture
 async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
+    servers: list[LifeguardServer] = []
+
     async def make(sim: dict[str, Any] | None = None, **proxy: Any) -> Stack:
         gpu_file = tmp_path / "gpu.json"
         sim_settings = {"model": MODEL, "gpu_file": gpu_file, "token_seconds": 0.002, **(sim or {})}
@@ -108,16 +110,18 @@ async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Calla
             canary_enabled=False,
             **proxy,
         )
-        app = create_app(settings)
         calls: list[str] = []
+        proxy_server = LifeguardServer(settings)
+        await proxy_server.start_server()
+        servers.append(proxy_server)
+        router = proxy_server.lifeguard.front.router  # type: ignore[union-attr]
+        route = router.route
 
-        @web.middleware
-        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
-            calls.append(f"{request.method} {request.path_qs}")
-            return await handler(request)
+        def recorded(method: bytes, url: bytes) -> Any:  # every request the proxy reads, as it reads it
+            calls.append(f"{method.decode('latin-1')} {url.decode('latin-1')}")
+            return route(method, url)
 
-        app.middlewares.insert(0, record)
-        proxy_server: TestServer = await aiohttp_server(app)
+        router.route = recorded  # type: ignore[method-assign]
         stack = Stack(
             str(proxy_server.make_url("")).rstrip("/"),
             str(sim_server.make_url("")).rstrip("/"),
@@ -128,6 +132,8 @@ async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Calla
         return stack
 
     yield make
+    for server in servers:
+        await server.close()
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from lifeguard_testing import LifeguardServer
 
 from lifeguard_sim.app import SimSettings, create_sim_app
-from proxy.app import create_app
 from proxy.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,10 +86,14 @@ async def _run_check(tmp_path: Path, aiohttp_server: Any, gpu_probe: str) -> dic
         verify_timeout_s=0.3,
         verify_poll_interval_s=0.01,
     )
-    proxy_server: TestServer = await aiohttp_server(create_app(settings))
-    report: dict[str, Any] = await gpu_check.run_check(
-        str(proxy_server.make_url("")).rstrip("/"), str(engine_server.make_url("")).rstrip("/"), deadline_s=30
-    )
+    proxy_server = LifeguardServer(settings)
+    await proxy_server.start_server()
+    try:
+        report: dict[str, Any] = await gpu_check.run_check(
+            str(proxy_server.make_url("")).rstrip("/"), str(engine_server.make_url("")).rstrip("/"), deadline_s=30
+        )
+    finally:
+        await proxy_server.close()
     return report
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from lifeguard_sim.app import SimSettings, create_sim_app
-from proxy.app import create_app
 from proxy.config import Settings
 
 
@@ -22,13 +21,13 @@ def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_liveness_passes_before_vllm_exists_and_readiness_follows_vllm(
-    aiohttp_client: Any, aiohttp_server: Any, unused_tcp_port: int
+    serve_lifeguard: Any, aiohttp_server: Any, unused_tcp_port: int
 ) -> None:
     port = unused_tcp_port
     settings = Settings(
         upstream=f"http://127.0.0.1:{port}", gpu_probe="none", canary_enabled=False, reconcile_interval_s=0.1
     )
-    proxy = await aiohttp_client(create_app(settings))
+    proxy = await serve_lifeguard(settings)
 
     # startupProbe and livenessProbe: the proxy's own loop, so the kubelet moves on to start vLLM.
     assert (await proxy.get("/lifeguard/healthz")).status == 200

@@ -29,7 +29,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.routes import RouteKind, build_table
 
@@ -200,7 +199,7 @@ def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def make_stack(
-    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+    aiohttp_server: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
     async def make(headers: dict[str, str] | None = None, **overrides: Any) -> Stack:
         gpu_file = tmp_path / "gpu.json"
@@ -213,7 +212,7 @@ async def make_stack(
         settings = Settings(
             upstream=str(sim.make_url("")), gpu_probe=f"file:{gpu_file}", canary_enabled=False, **overrides
         )
-        stack = Stack(await aiohttp_client(create_app(settings)), engine, headers or {})
+        stack = Stack(await serve_lifeguard(settings), engine, headers or {})
         await stack.wait_for(lambda s: s["state"] == "RUNNING", "the proxy to see the engine")
         return stack
 

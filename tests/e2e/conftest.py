@@ -1,15 +1,13 @@
 """The proxy in front of an in-process simulator, both on loopback test servers.
 
 `make_stack(**settings)` builds one; `Stack` has the helpers tests use to wait on conditions (always
-polling with a deadline, never a fixed sleep). The proxy serves its socket with the data plane that
-`LIFEGUARD_TEST_DATA_PLANE` names (`raw`: the llhttp front of proxy/front.py with the aiohttp application
-behind proxy/seam.py; `aiohttp`), or the default setting's when unset.
+polling with a deadline, never a fixed sleep). The proxy listens as `vllm-lifeguard serve` runs it
+(`LifeguardServer`, tests/conftest.py); `stack.lifeguard` is the running proxy, `stack.engine` its one engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from yarl import URL
+from lifeguard_testing import LifeguardServer, ServeLifeguard
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
-from proxy.app import create_app
+from proxy.app import Lifeguard
 from proxy.config import Settings
-from proxy.seam import RawDataPlane
+from proxy.engine import Engine as GuardedEngine
 
 #: Short rounds and deadlines for every proxy under test, single- or several-engine.
 TEST_TIMINGS: dict[str, Any] = {
@@ -35,32 +32,6 @@ TEST_TIMINGS: dict[str, Any] = {
     "hold_timeout_s": 10.0,
 }
 FAST_SIM = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01)
-
-
-class RawFrontServer(TestServer):
-    """The proxy as `vllm-lifeguard serve` runs it with `data_plane: raw`, for aiohttp's TestClient."""
-
-    def __init__(self, app: web.Application, settings: Settings) -> None:
-        super().__init__(app)
-        self._settings = settings
-        self.plane: RawDataPlane | None = None
-
-    async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
-        if self.runner:
-            return
-        self.plane = RawDataPlane(self.app, self._settings)
-        await self.plane.start(self.host, 0)
-        self.runner = self.plane.runner
-        self.port = self.plane.port
-        self.scheme = "http"
-        self._root = URL(f"http://{self.host}:{self.port}")
-
-    async def close(self) -> None:
-        if self.plane is not None and not self.closed:
-            await self.plane.close()
-            self._root = None
-            self.port = None
-            self._closed = True
 
 
 class ProxyState:
@@ -85,14 +56,29 @@ class ProxyState:
             await asyncio.sleep(0.01)
 
 
+def lifeguard_of(client: TestClient) -> Lifeguard:
+    server = client.server
+    assert isinstance(server, LifeguardServer)
+    return server.lifeguard
+
+
 @dataclass
 class Stack(ProxyState):
     client: TestClient
     sim_server: TestServer
-    proxy_app: web.Application
     settings: Settings
     # Generations the proxy's own start-up canary made before the test began.
     generate_baseline: int = 0
+
+    @property
+    def lifeguard(self) -> Lifeguard:
+        return lifeguard_of(self.client)
+
+    @property
+    def engine(self) -> GuardedEngine:
+        """The one engine the proxy guards."""
+        (engine,) = self.lifeguard.engines.values()
+        return engine
 
     @property
     def sim(self) -> Engine:
@@ -146,29 +132,8 @@ def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1]) if raw.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else 0
 
 
-def proxy_settings(**values: Any) -> Settings:
-    """Settings for a proxy under test, on the data plane `LIFEGUARD_TEST_DATA_PLANE` names unless `values` do."""
-    if "data_plane" not in values and os.environ.get("LIFEGUARD_TEST_DATA_PLANE"):
-        values["data_plane"] = os.environ["LIFEGUARD_TEST_DATA_PLANE"]
-    return Settings(**values)
-
-
-async def serve_proxy(aiohttp_client: Any, app: web.Application, settings: Settings) -> TestClient:
-    """`app` listening as `vllm-lifeguard serve` runs it with `settings.data_plane`, and a client for it."""
-    server: TestServer
-    if settings.data_plane == "raw":
-        server = RawFrontServer(app, settings)
-        await server.start_server()
-    else:
-        server = TestServer(app)
-        # the idle timer is the header read deadline (proxy/cli.py)
-        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
-    client: TestClient = await aiohttp_client(server)
-    return client
-
-
 @pytest.fixture
-def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
+def make_stack(aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
     async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:
         gpu_file = tmp_path / "gpu.json"
         sim_settings = sim or FAST_SIM
@@ -180,10 +145,8 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
             **TEST_TIMINGS,
             **overrides,
         }
-        settings = proxy_settings(**values)
-        app = create_app(settings)
-        client = await serve_proxy(aiohttp_client, app, settings)
-        stack = Stack(client, sim_server, app, settings)
+        settings = Settings(**values)
+        stack = Stack(await serve_lifeguard(settings), sim_server, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle
         # auto-sleep the engine may already be asleep again by the first look: settled is ready then.
         ready = ("RUNNING", "SLEEPING") if settings.idle_sleep_after_s is not None else ("RUNNING",)
@@ -194,7 +157,7 @@ def make_stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Call
     return make
 
 
-# --- several engines on one simulated GPU (proxy/engines.py, proxy/arbiter.py)
+# --- several engines on one simulated GPU (proxy/arbiter.py)
 
 GIB = 1 << 30
 #: Each simulated engine takes 50 GiB awake and 2 GiB asleep on one 80 GiB device: two do not fit together.
@@ -208,7 +171,10 @@ class EnginesStack(ProxyState):
     client: TestClient
     sims: dict[str, TestServer]
     gpu_file: Path
-    proxy_app: web.Application
+
+    @property
+    def lifeguard(self) -> Lifeguard:
+        return lifeguard_of(self.client)
 
     def sim(self, name: str) -> Engine:
         engine: Engine = self.sims[name].app[SIM_ENGINE]
@@ -235,7 +201,9 @@ class EnginesStack(ProxyState):
 
 
 @pytest.fixture
-def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Callable[..., Awaitable[EnginesStack]]:
+def make_engines(
+    aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: Path
+) -> Callable[..., Awaitable[EnginesStack]]:
     """Simulators sharing one GPU file (each engine `name` serves `model-<name>`), `asleep` ones put to sleep
     before the proxy starts, and the proxy of several engines in front of them."""
 
@@ -248,8 +216,6 @@ def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Ca
         sim: dict[str, dict[str, Any]] | None = None,
         **overrides: Any,
     ) -> EnginesStack:
-        from proxy.engines import create_engines_app
-
         gpu_file = tmp_path / "gpu.json"
         sims: dict[str, TestServer] = {}
         for name in names:
@@ -281,12 +247,7 @@ def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Ca
             **TEST_TIMINGS,
             **overrides,
         }
-        settings = Settings(**values)
-        app = create_engines_app(settings)
-        server = TestServer(app)
-        await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
-        client = await aiohttp_client(server)
-        stack = EnginesStack(client, sims, gpu_file, app)
+        stack = EnginesStack(await serve_lifeguard(Settings(**values)), sims, gpu_file)
         expected = {name: "SLEEPING" if name in asleep else "RUNNING" for name in names}
         await stack.wait_for(
             lambda s: (

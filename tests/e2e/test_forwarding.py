@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-
-from .conftest import proxy_settings, serve_proxy
+from proxy.config import Settings
 
 # The stand-in's streaming routes, declared inference so that the raw front forwards them itself.
 STREAM_ROUTES = ["/v1/stream", "/v1/broken", "/v1/wait_for_disconnect"]
@@ -95,15 +93,15 @@ async def echo(aiohttp_server: Any) -> Any:
 
 
 @pytest.fixture
-async def client(echo: Any, aiohttp_client: Any) -> Any:
+async def client(echo: Any, serve_lifeguard: Any) -> Any:
     upstream, server = echo
-    settings = proxy_settings(
+    settings = Settings(
         upstream=str(server.make_url("")).rstrip("/"),
         gpu_probe="none",
         max_body_bytes=1024,
         routes={"inference": STREAM_ROUTES},
     )
-    proxy_client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+    proxy_client = await serve_lifeguard(settings)
     for _ in range(500):
         if (await (await proxy_client.get("/lifeguard/state")).json())["state"] == "RUNNING":
             break
@@ -183,9 +181,9 @@ async def test_an_oversized_body_is_413_with_a_json_reason(client: Any) -> None:
     assert (await resp.json())["error"]["code"] == 413
 
 
-async def test_an_unreachable_upstream_is_503_upstream_unreachable(aiohttp_client: Any, unused_tcp_port: int) -> None:
-    settings = proxy_settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none")
-    proxy_client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+async def test_an_unreachable_upstream_is_503_upstream_unreachable(serve_lifeguard: Any, unused_tcp_port: int) -> None:
+    settings = Settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none")
+    proxy_client = await serve_lifeguard(settings)
     resp = await proxy_client.get("/v1/models")
     assert resp.status == 503
     assert resp.headers["X-Lifeguard-Reason"] == "upstream_unreachable"
@@ -194,9 +192,9 @@ async def test_an_unreachable_upstream_is_503_upstream_unreachable(aiohttp_clien
     assert body["error"]["code"] == 503
 
 
-async def test_proxy_routes_answer_without_the_engine(aiohttp_client: Any, unused_tcp_port: int) -> None:
-    settings = proxy_settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none")
-    proxy_client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+async def test_proxy_routes_answer_without_the_engine(serve_lifeguard: Any, unused_tcp_port: int) -> None:
+    settings = Settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none")
+    proxy_client = await serve_lifeguard(settings)
     assert (await proxy_client.get("/lifeguard/healthz")).status == 200
     ready = await proxy_client.get("/lifeguard/readyz")
     assert ready.status == 503  # never seen the engine up: not ready yet
@@ -207,10 +205,10 @@ async def test_proxy_routes_answer_without_the_engine(aiohttp_client: Any, unuse
 
 
 async def test_an_inference_request_to_an_engine_never_seen_up_is_held_not_forwarded(
-    aiohttp_client: Any, unused_tcp_port: int
+    serve_lifeguard: Any, unused_tcp_port: int
 ) -> None:
-    settings = proxy_settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none", hold_timeout_s=0.3)
-    proxy_client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+    settings = Settings(upstream=f"http://127.0.0.1:{unused_tcp_port}", gpu_probe="none", hold_timeout_s=0.3)
+    proxy_client = await serve_lifeguard(settings)
     resp = await proxy_client.post("/v1/completions", json={})
     assert resp.status == 503
     assert resp.headers["X-Lifeguard-Reason"] == "hold_timeout"  # a sidecar starts before vLLM: hold

@@ -16,7 +16,6 @@ from typing import Any
 from aiohttp import ClientResponse, ClientTimeout
 
 from lifeguard_sim.app import SimSettings
-from proxy.app import COORDINATOR
 
 from .conftest import FAST_SIM, Stack
 
@@ -584,7 +583,7 @@ async def test_lie_memory_wake_flags_awake_but_memory_not_back_is_503_and_nothin
     assert stack.sim.state_dict()["is_sleeping"] is False
     await _still_held(stack, task)
     for _ in range(3):  # the re-check finds the memory still missing: FAILED, nothing released
-        await stack.proxy_app[COORDINATOR].reconcile()
+        await stack.engine.coordinator.reconcile()
     assert (await stack.state())["state"] == "FAILED"
     await _still_held(stack, task)
     await _drop(task)

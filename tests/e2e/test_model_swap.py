@@ -14,8 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.conftest import GIB, MEDIUM, EnginesStack
 from lifeguard_sim.engine import Engine
 from proxy.calls import LifecycleCall
-from proxy.engines import ENGINE_APPS
-from proxy.handlers import COORDINATOR
 from proxy.outcome import Outcome
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
@@ -452,7 +450,7 @@ async def test_a_trainers_level_0_sleep_landing_before_the_swaps_sleep_is_woken_
     """Chaos seed 11: a was PAUSED when the plan chose it; a trainer's sleep?level=0 took a's lock first,
     and the swap's sleep at level 2 was refused `already_asleep`: a kept its memory and b was refused."""
     stack = await make_engines(engine={"a": {"swap_sleep_level": 2}})
-    coordinator = stack.proxy_app[ENGINE_APPS]["a"][COORDINATOR]
+    coordinator = stack.lifeguard.engines["a"].coordinator
     original = coordinator.submit_unguarded
     landed: list[str] = []
 
@@ -493,3 +491,46 @@ async def test_a_neighbour_on_its_way_to_a_pause_is_put_to_sleep_after_it(make_e
     assert resp.status == 200, await resp.text()
     assert await stack.states() == {"a": "SLEEPING", "b": "RUNNING"}
     assert stack.device_used() <= TOTAL and stack.violations() == {}
+
+
+async def test_a_request_held_while_its_engine_started_wakes_it_once_it_is_found_asleep(
+    aiohttp_server: Any, serve_lifeguard: Any, unused_tcp_port: int, tmp_path: Any
+) -> None:
+    """Was: a request for `b` that arrived before the proxy had read b's state (STARTING) was held, b was then
+    found asleep, and nothing asked for its wake: the request waited out its whole hold deadline (300 s by
+    default; the CLI test of two engines from a config file hung in CI on it). Made certain here: b's vLLM
+    is not up yet when the request arrives, and comes up asleep."""
+    from e2e.conftest import BIG, FAST_SIM, TEST_TIMINGS
+    from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
+    from proxy.config import Settings
+
+    gpu_file = tmp_path / "gpu.json"
+
+    def sim(name: str) -> Any:
+        return create_sim_app(
+            SimSettings(
+                **{**FAST_SIM.__dict__, "model": f"model-{name}", "gpu_file": gpu_file, "gpu_file_engine": name, **BIG}
+            )  # fmt: skip
+        )
+
+    a = await aiohttp_server(sim("a"))
+    engines = [
+        {"name": "a", "upstream": str(a.make_url("")).rstrip("/"), "models": ["model-a"]},
+        {"name": "b", "upstream": f"http://127.0.0.1:{unused_tcp_port}", "models": ["model-b"]},
+    ]
+    client = await serve_lifeguard(
+        Settings(engines=engines, gpu_probe=f"file:{gpu_file}", **{**TEST_TIMINGS, "hold_timeout_s": 20.0})
+    )
+    body = {"model": "model-b", "prompt": "x", "max_tokens": 2}
+    held = asyncio.ensure_future(client.post("/v1/completions", json=body))
+    async with asyncio.timeout(10):
+        while (await (await client.get("/lifeguard/state")).json())["engines"]["b"]["held_requests"] != 1:
+            await asyncio.sleep(0.01)
+    assert (await (await client.get("/lifeguard/state")).json())["engines"]["b"]["state"] == "STARTING"
+    b_app = sim("b")
+    await b_app[SIM_ENGINE].sleep(1, "abort")
+    await aiohttp_server(b_app, port=unused_tcp_port)  # b's vLLM comes up, asleep
+    resp = await asyncio.wait_for(held, 15)  # inside the hold deadline: woken, not timed out
+    assert resp.status == 200, await resp.text()
+    state = await (await client.get("/lifeguard/state")).json()
+    assert {name: engine["state"] for name, engine in state["engines"].items()} == {"a": "SLEEPING", "b": "RUNNING"}

@@ -13,14 +13,12 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from proxy.app import create_app
-
-from .conftest import Stack, serve_proxy
+from .conftest import Stack
 
 
-async def _restarted(stack: Stack, aiohttp_client: Any) -> TestClient[Any, Any]:
+async def _restarted(stack: Stack, serve_lifeguard: Any) -> TestClient[Any, Any]:
     await stack.client.close()
-    client: TestClient[Any, Any] = await serve_proxy(aiohttp_client, create_app(stack.settings), stack.settings)
+    client: TestClient[Any, Any] = await serve_lifeguard(stack.settings)
     deadline = time.monotonic() + 5
     while True:
         state = await (await client.get("/lifeguard/state")).json()
@@ -47,11 +45,11 @@ async def _held(client: TestClient[Any, Any]) -> asyncio.Future[Any]:
 
 
 async def test_a_proxy_restarted_while_vllm_sleeps_at_level_2_holds_inference_after_the_wake(
-    make_stack: Any, aiohttp_client: Any
+    make_stack: Any, serve_lifeguard: Any
 ) -> None:
     stack = await make_stack()
     assert (await stack.client.post("/sleep", params={"level": "2"})).status == 200
-    client = await _restarted(stack, aiohttp_client)  # no state file: vLLM's gauge says discard_all
+    client = await _restarted(stack, serve_lifeguard)  # no state file: vLLM's gauge says discard_all
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["sleep_level"] == 2
     assert state["weights_stale_reason"] == "discarded"
@@ -65,12 +63,12 @@ async def test_a_proxy_restarted_while_vllm_sleeps_at_level_2_holds_inference_af
 
 
 async def test_with_a_state_file_a_proxy_restarted_after_a_level_2_wake_still_holds_until_a_reload(
-    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
     stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
     assert (await stack.client.post("/sleep", params={"level": "2"})).status == 200
     assert (await stack.client.post("/wake_up")).status == 200
-    client = await _restarted(stack, aiohttp_client)  # vLLM is awake: only the state file remembers
+    client = await _restarted(stack, serve_lifeguard)  # vLLM is awake: only the state file remembers
     state = await _state(client)
     assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "discarded"
 
@@ -81,12 +79,12 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_level_2_wake_still_ho
 
 
 async def test_with_a_state_file_a_pause_recorded_while_asleep_survives_a_restart(
-    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
     stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
     assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
     assert "X-Lifeguard-Deferred" in (await stack.client.post("/pause", params={"mode": "keep"})).headers
-    client = await _restarted(stack, aiohttp_client)
+    client = await _restarted(stack, serve_lifeguard)
     assert (await _state(client))["pause_mode"] == "keep"
 
     wake = await client.post("/wake_up")
@@ -96,19 +94,19 @@ async def test_with_a_state_file_a_pause_recorded_while_asleep_survives_a_restar
 
 
 async def test_an_unreadable_state_file_means_the_weights_cannot_be_vouched_for(
-    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
     memo = tmp_path / "lifeguard-state.json"
     stack = await make_stack(state_file=str(memo))
     memo.write_text("{not json")
-    client = await _restarted(stack, aiohttp_client)
+    client = await _restarted(stack, serve_lifeguard)
     state = await _state(client)
     assert state["state"] == "RUNNING" and state["weights_stale"] is True
     await _held(client)
 
 
 async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_engine_asleep(
-    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
     """Chaos finding (bounded run, seed 7364): the wake answered 200 but nothing woke, and vLLM's gauge reads
     awake. A new proxy sees the flags "asleep and paused" with the gauge "awake", exactly a pause; only the state
@@ -117,7 +115,7 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_
     assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
     stack.faults("wake_up:lie-asleep")
     assert (await stack.client.post("/wake_up")).status == 503
-    client = await _restarted(stack, aiohttp_client)
+    client = await _restarted(stack, serve_lifeguard)
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["asleep_tags"] == ["kv_cache", "weights"]
 
@@ -130,7 +128,7 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_lying_wake_keeps_the_
 
 
 async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a_restart(
-    make_stack: Any, aiohttp_client: Any, tmp_path: Path
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
     """Chaos finding (bounded run with restarts, seed 9599): a /sleep from PAUSED that did nothing is held as
     asleep but unconfirmed, so a repeat is sent to vLLM (test_lies 1c). The state file kept the tags and not
@@ -141,7 +139,7 @@ async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a
     stack.faults("sleep:lie-asleep")
     assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
     assert (await _state(stack.client))["sleep_unconfirmed"] is True
-    client = await _restarted(stack, aiohttp_client)
+    client = await _restarted(stack, serve_lifeguard)
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["sleep_unconfirmed"] is True
     await _a_repeated_sleep_reaches_the_merely_paused_engine(stack, client)
@@ -152,7 +150,7 @@ async def test_with_a_state_file_an_unconfirmed_sleep_stays_unconfirmed_across_a
 
 
 async def test_a_sleep_a_restarted_proxy_reads_only_from_the_gauge_is_unconfirmed(
-    make_stack: Any, aiohttp_client: Any
+    make_stack: Any, serve_lifeguard: Any
 ) -> None:
     """Chaos finding (bounded run with restarts, seed 9599, raw plane): the proxy was killed while a /sleep from
     PAUSED was in flight, and that sleep did nothing but set vLLM's sleep-state gauge (a lie). The new proxy had
@@ -162,7 +160,7 @@ async def test_a_sleep_a_restarted_proxy_reads_only_from_the_gauge_is_unconfirme
     assert (await stack.client.post("/pause")).status == 200
     stack.faults("sleep:lie-asleep")
     assert (await stack.client.post("/sleep", params={"level": "1"})).status == 503
-    client = await _restarted(stack, aiohttp_client)  # no state file: the answer of that sleep is lost with it
+    client = await _restarted(stack, serve_lifeguard)  # no state file: the answer of that sleep is lost with it
     state = await _state(client)
     assert state["state"] == "SLEEPING" and state["sleep_level"] == 1 and state["sleep_unconfirmed"] is True
     await _a_repeated_sleep_reaches_the_merely_paused_engine(stack, client)

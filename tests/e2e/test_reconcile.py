@@ -16,8 +16,6 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
-from proxy.app import COORDINATOR
-
 from .conftest import Stack
 
 
@@ -83,7 +81,7 @@ async def test_a_sleep_gauge_left_by_a_lying_sleep_does_not_turn_a_later_pause_i
     assert (await stack.client.post("/pause")).status == 200
 
     for _ in range(3):  # the gauge still says "asleep at level 1"; the GPUs say nothing was freed
-        await stack.proxy_app[COORDINATOR].reconcile()
+        await stack.engine.coordinator.reconcile()
 
     snapshot = await stack.state()
     assert snapshot["state"] == "PAUSED" and snapshot["drift_events"] == [], snapshot

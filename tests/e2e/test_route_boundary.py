@@ -174,7 +174,10 @@ async def test_an_unknown_route_is_forwarded_at_once_counted_and_logged_once(
     logged = [r for r in caplog.records if getattr(r, "event", None) == "unknown_route"]
     assert len(logged) == 1 and logged[0].path == "/my_framework/v1/jobs/{id}"  # type: ignore[attr-defined]
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
-    assert 'lifeguard_unknown_route_requests_total{method="POST",path="/my_framework/v1/jobs/{id}"} 3.0' in metrics
+    assert (
+        'lifeguard_unknown_route_requests_total{engine="default",method="POST",path="/my_framework/v1/jobs/{id}"} 3.0'
+        in metrics
+    )
 
 
 async def test_unknown_routes_hold_keeps_the_old_behaviour(make_stack: Callable[..., Awaitable[Stack]]) -> None:

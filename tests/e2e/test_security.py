@@ -18,7 +18,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.routes import VLLM_ROUTES, RouteKind
 
@@ -170,12 +169,12 @@ class Echo:
         return matches[-1]
 
 
-async def _echo_stack(aiohttp_server: Any, aiohttp_client: Any, **overrides: Any) -> tuple[TestClient[Any, Any], Echo]:
+async def _echo_stack(aiohttp_server: Any, serve_lifeguard: Any, **overrides: Any) -> tuple[TestClient[Any, Any], Echo]:
     echo = Echo()
     server: TestServer = await aiohttp_server(echo.app())
     settings = Settings(upstream=str(server.make_url("")).rstrip("/"), gpu_probe="none", canary_enabled=False,
                         reconcile_interval_s=0.2, **overrides)  # fmt: skip
-    client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
+    client: TestClient[Any, Any] = await serve_lifeguard(settings)
     deadline = time.monotonic() + 5
     while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
         assert time.monotonic() < deadline, "the proxy never reached RUNNING"
@@ -183,8 +182,8 @@ async def _echo_stack(aiohttp_server: Any, aiohttp_client: Any, **overrides: Any
     return client, echo
 
 
-async def test_inference_authorization_reaches_vllm_untouched(aiohttp_server: Any, aiohttp_client: Any) -> None:
-    client, echo = await _echo_stack(aiohttp_server, aiohttp_client, admin_token=TOKEN)
+async def test_inference_authorization_reaches_vllm_untouched(aiohttp_server: Any, serve_lifeguard: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, serve_lifeguard, admin_token=TOKEN)
     resp = await client.post(
         "/v1/completions", json={"prompt": "x"}, headers={"Authorization": f"Bearer {INFERENCE_KEY}"}
     )
@@ -192,8 +191,8 @@ async def test_inference_authorization_reaches_vllm_untouched(aiohttp_server: An
     assert echo.headers_for("/v1/completions")["authorization"] == f"Bearer {INFERENCE_KEY}"
 
 
-async def test_hop_by_hop_headers_are_stripped_both_ways(aiohttp_server: Any, aiohttp_client: Any) -> None:
-    client, echo = await _echo_stack(aiohttp_server, aiohttp_client)
+async def test_hop_by_hop_headers_are_stripped_both_ways(aiohttp_server: Any, serve_lifeguard: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, serve_lifeguard)
     sent = {
         "Connection": "keep-alive, X-Drop-Me",
         "X-Drop-Me": "1",
@@ -214,8 +213,8 @@ async def test_hop_by_hop_headers_are_stripped_both_ways(aiohttp_server: Any, ai
     assert resp.headers["X-Upstream"] == "yes"
 
 
-async def test_nothing_is_added_on_the_way_to_vllm(aiohttp_server: Any, aiohttp_client: Any) -> None:
-    client, echo = await _echo_stack(aiohttp_server, aiohttp_client)
+async def test_nothing_is_added_on_the_way_to_vllm(aiohttp_server: Any, serve_lifeguard: Any) -> None:
+    client, echo = await _echo_stack(aiohttp_server, serve_lifeguard)
     resp = await client.post("/v1/completions", json={"prompt": "x"})
     assert resp.status == 200
     seen = echo.headers_for("/v1/completions")
@@ -246,10 +245,10 @@ async def test_no_token_reaches_the_logs(make_stack: Callable[..., Awaitable[Sta
 
 @pytest.mark.parametrize("header", ["Authorization", "X-Lifeguard-Token"])
 async def test_the_admin_token_is_never_forwarded_to_vllm(
-    aiohttp_server: Any, aiohttp_client: Any, header: str
+    aiohttp_server: Any, serve_lifeguard: Any, header: str
 ) -> None:
     """The header that carried the admin token authorises the call here; vLLM never sees the token."""
-    client, echo = await _echo_stack(aiohttp_server, aiohttp_client, admin_token=TOKEN)
+    client, echo = await _echo_stack(aiohttp_server, serve_lifeguard, admin_token=TOKEN)
     value = f"Bearer {TOKEN}" if header == "Authorization" else TOKEN
     resp = await client.post("/abort_requests", json={}, headers={header: value, "X-Session-ID": "kept"})
     assert resp.status == 200

@@ -8,7 +8,6 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.app import create_app
 from proxy.config import Settings
 
 
@@ -43,7 +42,7 @@ class SlowHealthEngine:
         return web.json_response({"status": "paused"})
 
 
-async def test_a_lifecycle_call_outlives_health_checks_that_time_out(aiohttp_server: Any, aiohttp_client: Any) -> None:
+async def test_a_lifecycle_call_outlives_health_checks_that_time_out(aiohttp_server: Any, serve_lifeguard: Any) -> None:
     engine = SlowHealthEngine()
     server = await aiohttp_server(engine.app)
     settings = Settings(
@@ -53,7 +52,7 @@ async def test_a_lifecycle_call_outlives_health_checks_that_time_out(aiohttp_ser
         reconcile_interval_s=0.1,
         control_call_timeout_s=0.2,
     )
-    client = await aiohttp_client(create_app(settings))
+    client = await serve_lifeguard(settings)
 
     async def state() -> dict[str, Any]:
         body: dict[str, Any] = await (await client.get("/lifeguard/state")).json()

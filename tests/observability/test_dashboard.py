@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics, SwapMetrics
+from proxy.metrics import Metrics
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 SELECTOR = 'namespace=~"$namespace", pod=~"$pod"'
@@ -40,8 +40,9 @@ def panels() -> list[dict[str, Any]]:
 
 def exported_names() -> set[str]:
     registry = CollectorRegistry()
-    Metrics(registry, version="x", states=["STARTING", "RUNNING"], operations=["sleep"]).gpu_memory("0", 1, 2)
-    SwapMetrics(registry, ["a"]).swap_finished("a", "ok", 1.0)
+    metrics = Metrics(registry, version="x", engines=["a"], states=["STARTING", "RUNNING"], operations=["sleep"])
+    metrics.engine("a").gpu_memory("0", 1, 2)
+    metrics.swap_finished("a", "ok", 1.0)
     names = set()
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         names.update(sample.name for sample in family.samples)

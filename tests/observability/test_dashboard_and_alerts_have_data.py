@@ -8,8 +8,7 @@ Run by `make test-observability` (scripts/check-observability.sh), which install
 
 A second proxy, of two engines (`engines:`, two simulators sharing one simulated GPU that holds one of them
 awake), is scraped by the `lifeguard` job as pod `swap-0`: requests for each model in turn swap them, so
-the swap panels have data, and the single-engine pod's series (no `engine` label) show the `$engine`
-variable's All value keeps them.
+the swap panels have data; the single-engine pod's series carry `engine="default"`.
 
 The scenario: inference; an invalid sleep; sleep; a refused resume; requests held; a wake that fails (sim fault
 `wake_up:error500`) while they stay held; they reach their hold deadline; a client that gives up;

@@ -204,11 +204,11 @@ class CoordinatorModel(RuleBasedStateMachine):
                             verify_timeout_s=0.05, verify_poll_interval_s=0.01, reconcile_interval_s=5,
                             lifecycle_queue_timeout_s=5)  # fmt: skip
         client = EngineClient(engine)
-        metrics = Metrics(CollectorRegistry(), version="test", states=[s.value for s in State],
+        metrics = Metrics(CollectorRegistry(), version="test", engines=["default"], states=[s.value for s in State],
                           operations=sorted(set(LIFECYCLE_PATHS.values())), edges=_edges())  # fmt: skip
         gate = RequestGate(max_held=10, hold_timeout_s=5)
         verifier = Verifier(client, EngineMemory(engine), settings)
-        return engine, LifecycleCoordinator(settings, client, verifier, gate, metrics), gate
+        return engine, LifecycleCoordinator(settings, client, verifier, gate, metrics.engine("default")), gate
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 5))
@@ -312,14 +312,15 @@ class CoordinatorModel(RuleBasedStateMachine):
         admission = self.gate.admission
 
         async def attempt() -> str:
+            ticket = self.gate.try_admit()
+            if ticket is not None:
+                ticket.done()
+                return "forwarded"
             try:
-                ticket = await asyncio.wait_for(self.gate.admit(), 0.01)
-            except TimeoutError:
-                return "held"
+                self.gate.park(_Ignored()).cancel()
             except LifeguardError as exc:
                 return exc.reason
-            ticket.done()
-            return "forwarded"
+            return "held"
 
         got = self.run(attempt())
         expected = {Admission.FORWARD: "forwarded", Admission.HOLD: "held",
@@ -366,3 +367,13 @@ CoordinatorModel.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_the_coordinator_follows_the_rules_table = CoordinatorModel.TestCase
+
+
+class _Ignored:
+    """A parked request that leaves at once."""
+
+    def admitted(self, ticket: Any) -> None:
+        ticket.done()
+
+    def refused(self, error: LifeguardError) -> None:
+        return None

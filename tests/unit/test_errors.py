@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from proxy.errors import REASONS, BadRequest, BodyTooLarge, HoldTimeout, LifeguardError
-from proxy.handlers import render_error, render_error_bytes
+from proxy.errors import REASONS, BadRequest, BodyTooLarge, HoldTimeout, LifeguardError, UpstreamRejected
 from proxy.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
 from proxy.probes import CheckName, CheckResult
+from proxy.wire import error_bytes
 
 
 def _tree(cls: type[LifeguardError]) -> list[type[LifeguardError]]:
@@ -47,14 +48,24 @@ def test_the_metric_label_sets_are_the_verifiers_vocabulary() -> None:
     "error",
     [BodyTooLarge("too big", close_connection=True), HoldTimeout("held too long"), BadRequest("smuggled")],
 )
-def test_the_raw_front_writes_the_same_error_as_the_aiohttp_renderer(error: LifeguardError) -> None:
-    response = render_error(error)
-    raw = render_error_bytes(error)
+def test_an_error_is_one_whole_response_in_vllms_shape(error: LifeguardError) -> None:
+    raw = error_bytes(error)
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])
-    assert lines[0] == f"HTTP/1.1 {response.status} {response.reason}"
-    assert body == response.body
-    assert {name: headers[name] for name in response.headers} == dict(response.headers)
+    assert lines[0].startswith(f"HTTP/1.1 {error.status} ")
     assert int(headers["Content-Length"]) == len(body)
+    assert headers["Content-Type"] == "application/json; charset=utf-8"
+    assert headers["X-Lifeguard-Reason"] == error.reason
+    assert ("Retry-After" in headers) == (error.status == 503)
     assert ("Connection" in headers) == error.close_connection
+    payload = json.loads(body)["error"]
+    assert payload["message"] == error.message and payload["code"] == error.status
+    assert payload["type"] == error.error_type and payload["reason"] == error.reason and payload["src"] == "lifeguard"
+    assert "param" in payload
+
+
+def test_vllms_own_refusal_goes_out_as_vllm_said_it() -> None:
+    refusal = UpstreamRejected("no", upstream_status=422, body=b'{"detail": "bad"}', content_type="application/json")
+    head, _, body = error_bytes(refusal).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 422 ") and body == b'{"detail": "bad"}'

@@ -19,6 +19,33 @@ def gate(max_held: int = 10, hold_timeout_s: float = 30.0) -> tuple[RequestGate,
     return g, endings
 
 
+class Waiter:
+    """A held request as the front parks it, with a future the test can await."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+
+    def admitted(self, ticket: Ticket) -> None:
+        self.future.set_result(ticket)
+
+    def refused(self, error: LifeguardError) -> None:
+        self.future.set_exception(error)
+
+
+async def admit(g: RequestGate, size: int = 0) -> Ticket:
+    """Forwarded at once, or parked until the gate says how the hold ended (cancelled: the client left)."""
+    ticket = g.try_admit()
+    if ticket is not None:
+        return ticket
+    waiter = Waiter()
+    parked = g.park(waiter, size)
+    try:
+        return await waiter.future
+    except asyncio.CancelledError:
+        parked.cancel()
+        raise
+
+
 async def held(g: RequestGate, count: int) -> None:
     """Let the event loop run until `count` requests sit in the queue."""
     for _ in range(1000):
@@ -31,7 +58,7 @@ async def held(g: RequestGate, count: int) -> None:
 async def test_running_admits_at_once_and_counts_in_flight() -> None:
     g, _ = gate()
     g.set_admission(Admission.FORWARD)
-    ticket = await g.admit()
+    ticket = await admit(g)
     assert g.inflight == 1
     ticket.done()
     ticket.done()  # idempotent
@@ -43,7 +70,7 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
     order: list[int] = []
 
     async def request(n: int) -> None:
-        ticket = await g.admit()
+        ticket = await admit(g)
         order.append(n)
         ticket.done()
 
@@ -58,14 +85,14 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
 async def test_a_held_request_times_out_with_503_hold_timeout() -> None:
     g, endings = gate(hold_timeout_s=0.05)
     with pytest.raises(HoldTimeout) as err:
-        await g.admit()
+        await admit(g)
     assert err.value.status == 503 and err.value.retry_after
     assert g.held == 0 and endings == ["hold_timeout"]
 
 
 async def test_a_client_that_leaves_is_removed_and_never_forwarded() -> None:
     g, endings = gate()
-    task = asyncio.ensure_future(g.admit())
+    task = asyncio.ensure_future(admit(g))
     await held(g, 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -77,34 +104,34 @@ async def test_a_client_that_leaves_is_removed_and_never_forwarded() -> None:
 
 async def test_a_full_queue_answers_503_hold_queue_full_at_once() -> None:
     g, endings = gate(max_held=1)
-    first = asyncio.ensure_future(g.admit())
+    first = asyncio.ensure_future(admit(g))
     await held(g, 1)
     with pytest.raises(HoldQueueFull):
-        await g.admit()
+        await admit(g)
     assert endings == ["hold_queue_full"]
     first.cancel()
 
 
 async def test_shutdown_answers_every_held_request_503_shutting_down() -> None:
     g, endings = gate()
-    tasks = [asyncio.ensure_future(g.admit()) for _ in range(3)]
+    tasks = [asyncio.ensure_future(admit(g)) for _ in range(3)]
     await held(g, 3)
     g.close()
     for task in tasks:
         with pytest.raises(ShuttingDown):
             await task
     with pytest.raises(ShuttingDown):
-        await g.admit()
+        await admit(g)
     assert endings == ["shutting_down"] * 3
 
 
 async def test_a_failed_engine_refuses_new_requests_but_held_ones_keep_waiting() -> None:
     g, _ = gate()
-    waiting = asyncio.ensure_future(g.admit())
+    waiting = asyncio.ensure_future(admit(g))
     await held(g, 1)
     g.set_admission(Admission.REJECT_FAILED)
     with pytest.raises(EngineUnavailable):
-        await g.admit()
+        await admit(g)
     assert g.held == 1 and not waiting.done()
     g.set_admission(Admission.FORWARD)  # the engine came back
     (await waiting).done()
@@ -112,19 +139,19 @@ async def test_a_failed_engine_refuses_new_requests_but_held_ones_keep_waiting()
 
 async def test_reject_while_sleeping_fails_new_and_held_requests_with_engine_sleeping() -> None:
     g, _ = gate()
-    waiting = asyncio.ensure_future(g.admit())
+    waiting = asyncio.ensure_future(admit(g))
     await held(g, 1)
     g.set_admission(Admission.REJECT_SLEEPING, sleeping=True)
     with pytest.raises(EngineSleeping):
         await waiting
     with pytest.raises(EngineSleeping):
-        await g.admit()
+        await admit(g)
 
 
 async def test_wait_idle_returns_when_the_last_request_finishes() -> None:
     g, _ = gate()
     g.set_admission(Admission.FORWARD)
-    ticket = await g.admit()
+    ticket = await admit(g)
     assert not await g.wait_idle(0.01)
     waiter = asyncio.ensure_future(g.wait_idle(5))
     ticket.done()
@@ -136,7 +163,7 @@ async def test_a_large_release_drains_in_batches_and_newcomers_queue_behind_it()
     order: list[int] = []
 
     async def request(n: int) -> None:
-        ticket = await g.admit()
+        ticket = await admit(g)
         order.append(n)
         ticket.done()
 
@@ -151,7 +178,7 @@ async def test_a_large_release_drains_in_batches_and_newcomers_queue_behind_it()
 
 
 class Owner:
-    """A raw-front request parked in the gate: records how its hold ended."""
+    """A request parked in the gate: records how its hold ended."""
 
     def __init__(self, g: RequestGate, name: str, order: list[str]) -> None:
         self.gate, self.name, self.order = g, name, order
@@ -166,28 +193,42 @@ class Owner:
         self.error = error
 
 
-async def test_parked_and_waiting_requests_are_released_together_in_arrival_order() -> None:
+async def test_parked_requests_are_released_in_arrival_order_with_their_bytes_counted() -> None:
     g, endings = gate()
     order: list[str] = []
     first = Owner(g, "parked-1", order)
     g.park(first, 10)
-
-    async def waiting() -> None:
-        ticket = await g.admit()
-        order.append("admit")
-        ticket.done()
-
-    task = asyncio.ensure_future(waiting())
-    await held(g, 2)
     g.park(Owner(g, "parked-2", order))
-    assert g.held == 3 and g.held_bytes == 10
+    assert g.held == 2 and g.held_bytes == 10
     g.set_admission(Admission.FORWARD)
-    await task
-    # One release, in arrival order; a coroutine waiter goes on at its next turn, a parked one at once.
-    assert order == ["parked-1", "parked-2", "admit"]
-    assert endings == ["forwarded"] * 3 and g.held == 0 and g.held_bytes == 0
+    assert order == ["parked-1", "parked-2"]
+    assert endings == ["forwarded"] * 2 and g.held == 0 and g.held_bytes == 0
     assert first.ticket is not None and g.inflight == 2
     first.ticket.done()
+
+
+async def test_requests_held_before_the_engine_is_known_asleep_ask_for_its_wake_once_it_is() -> None:
+    """Was: a request held while the engine was STARTING (or falling asleep) waited out its whole deadline when
+    the engine turned out to be asleep: only a request arriving while it slept asked for the wake (the e2e
+    test of two engines from a config file hung on it)."""
+    g, _ = gate()
+    wakes: list[int] = []
+    g.on_held_while_sleeping = lambda: wakes.append(g.held)
+    g.set_admission(Admission.HOLD)  # starting: not known asleep
+    g.park(Owner(g, "early", []))
+    assert wakes == []
+    g.set_admission(Admission.HOLD, sleeping=True)
+    assert wakes == [1]
+    g.set_admission(Admission.HOLD, sleeping=True)  # still asleep: asked once
+    g.park(Owner(g, "later", []))  # one arriving while it sleeps asks too
+    assert wakes == [1, 2]
+    g.set_admission(Admission.HOLD)  # waking, and back asleep (a lying wake): they ask again
+    g.set_admission(Admission.HOLD, sleeping=True)
+    assert wakes == [1, 2, 2]
+    empty, _ = gate()
+    empty.on_held_while_sleeping = lambda: wakes.append(-1)
+    empty.set_admission(Admission.HOLD, sleeping=True)  # nothing held: nothing to ask for
+    assert wakes == [1, 2, 2]
 
 
 async def test_a_parked_request_ends_once_whether_cancelled_timed_out_or_failed() -> None:

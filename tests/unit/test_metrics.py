@@ -1,4 +1,5 @@
-"""The metrics contract: names, types, closed label sets, series present before the first event."""
+"""The metrics contract: names, types, closed label sets, series present before the first event, and an
+`engine` label on every series about an engine (one shape for one engine or many)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ import shutil
 import subprocess
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import metrics as m
-from proxy.metrics import Metrics
+from proxy.metrics import EngineMetrics, Metrics
 
 TRANSITIONS = "lifeguard_state_transitions_total"
 OPS_TOTAL = "lifeguard_lifecycle_operations_total"
@@ -26,12 +25,24 @@ def registry() -> CollectorRegistry:
     return CollectorRegistry()
 
 
+ENGINES = ("default", "judge")
+#: Series about the proxy itself, not about one engine: no `engine` label.
+PROXY_SERIES = ("lifeguard_build_info", "lifeguard_proxy_errors_total")
+
+
+def family(registry: CollectorRegistry, **kwargs: object) -> Metrics:
+    return Metrics(registry, version="1.2.3", engines=ENGINES, states=STATES, operations=OPERATIONS, **kwargs)  # type: ignore[arg-type]
+
+
 @pytest.fixture
-def metrics(registry: CollectorRegistry) -> Metrics:
-    return Metrics(registry, version="1.2.3", states=STATES, operations=OPERATIONS)
+def metrics(registry: CollectorRegistry) -> EngineMetrics:
+    return family(registry).engine("default")
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    """A sample of engine `default` (or of the engine named), or of the proxy's own series."""
+    if name not in PROXY_SERIES:
+        labels.setdefault("engine", "default")
     return registry.get_sample_value(name, labels)
 
 
@@ -62,17 +73,20 @@ EXPECTED_FAMILIES = {
     "lifeguard_gpu_memory_total_bytes": "gauge",
     "lifeguard_gpu_probe_available": "gauge",
     "lifeguard_policy_actions": "counter",
+    "lifeguard_proxy_errors": "counter",
+    "lifeguard_swaps": "counter",
+    "lifeguard_swap_duration_seconds": "histogram",
 }
 
 
-def test_exposition_parses_and_has_every_family_with_its_type(metrics: Metrics, registry: CollectorRegistry):
+def test_exposition_parses_and_has_every_family_with_its_type(metrics: EngineMetrics, registry: CollectorRegistry):
     found = families(registry)
     for name, kind in EXPECTED_FAMILIES.items():
         assert found.get(name) == kind, name
     assert all(name.startswith("lifeguard_") for name in found)
 
 
-def test_every_known_label_set_reads_zero_before_the_first_event(metrics: Metrics, registry: CollectorRegistry):
+def test_every_known_label_set_reads_zero_before_the_first_event(metrics: EngineMetrics, registry: CollectorRegistry):
     for op in OPERATIONS:
         for outcome in m.OPERATION_OUTCOMES:
             assert value(registry, OPS_TOTAL, operation=op, outcome=outcome) == 0
@@ -107,7 +121,7 @@ def test_every_known_label_set_reads_zero_before_the_first_event(metrics: Metric
     assert value(registry, "lifeguard_build_info", version="1.2.3") == 1
 
 
-def test_state_starts_at_the_first_state_and_follows_transitions(metrics: Metrics, registry: CollectorRegistry):
+def test_state_starts_at_the_first_state_and_follows_transitions(metrics: EngineMetrics, registry: CollectorRegistry):
     assert value(registry, "lifeguard_state", lifeguard_state="STARTING") == 1
     metrics.state_changed("STARTING", "RUNNING")
     metrics.state_changed("RUNNING", "SLEEPING")
@@ -118,14 +132,14 @@ def test_state_starts_at_the_first_state_and_follows_transitions(metrics: Metric
 
 
 def test_edges_narrow_the_pre_created_transitions(registry: CollectorRegistry):
-    metrics = Metrics(registry, version="x", states=STATES, operations=OPERATIONS, edges=[("STARTING", "RUNNING")])
+    metrics = family(registry, edges=[("STARTING", "RUNNING")]).engine("default")
     assert value(registry, TRANSITIONS, from_state="STARTING", to_state="RUNNING") == 0
     assert value(registry, TRANSITIONS, from_state="RUNNING", to_state="FAILED") is None
     metrics.state_changed("RUNNING", "FAILED")  # an edge not listed is still counted, not dropped
     assert value(registry, TRANSITIONS, from_state="RUNNING", to_state="FAILED") == 1
 
 
-def test_unknown_label_values_raise_instead_of_inventing_series(metrics: Metrics):
+def test_unknown_label_values_raise_instead_of_inventing_series(metrics: EngineMetrics):
     with pytest.raises(KeyError):
         metrics.inference_finished("rejected")
     with pytest.raises(KeyError):
@@ -140,7 +154,7 @@ def test_unknown_label_values_raise_instead_of_inventing_series(metrics: Metrics
         metrics.state_changed("RUNNING", "EXPLODED")
 
 
-def test_each_method_moves_its_own_series(metrics: Metrics, registry: CollectorRegistry):
+def test_each_method_moves_its_own_series(metrics: EngineMetrics, registry: CollectorRegistry):
     metrics.operation_finished("wake_up", "upstream_error", 42.0)
     assert value(registry, OPS_TOTAL, operation="wake_up", outcome="upstream_error") == 1
     assert value(registry, "lifeguard_lifecycle_operation_duration_seconds_sum", operation="wake_up") == 42.0
@@ -187,8 +201,8 @@ def test_lifecycle_buckets_reach_ten_minutes():
 
 def test_two_instances_on_separate_registries_do_not_collide():
     a, b = CollectorRegistry(), CollectorRegistry()
-    Metrics(a, version="1", states=STATES, operations=OPERATIONS).drift()
-    Metrics(b, version="1", states=STATES, operations=OPERATIONS)
+    family(a).engine("default").drift()
+    family(b)
     assert value(a, "lifeguard_drift_events_total") == 1
     assert value(b, "lifeguard_drift_events_total") == 0
 
@@ -198,20 +212,34 @@ def test_inference_outcomes_include_every_hold_outcome():
     assert len(set(m.INFERENCE_OUTCOMES)) == len(m.INFERENCE_OUTCOMES)
 
 
-async def test_handler_serves_the_registry(metrics: Metrics, aiohttp_client):
-    app = web.Application()
-    app.router.add_get("/lifeguard/metrics", metrics.handler())
-    client: TestClient = await aiohttp_client(app)
+def test_exposition_is_what_the_scraper_asks_for(metrics: EngineMetrics) -> None:
     metrics.drift()
-    resp = await client.get("/lifeguard/metrics")
-    assert resp.status == 200
-    assert resp.headers["Content-Type"].startswith("text/plain")
-    body = await resp.text()
-    assert "lifeguard_drift_events_total 1.0" in body
+    whole = metrics._family
+    text, content_type = whole.exposition(None)
+    assert content_type.startswith("text/plain")
+    assert b'lifeguard_drift_events_total{engine="default"} 1.0' in text
+    openmetrics, content_type = whole.exposition("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
+
+
+def test_each_engine_has_its_own_series_and_the_proxy_its_own(registry: CollectorRegistry) -> None:
+    whole = family(registry)
+    whole.engine("judge").inference_finished("forwarded")
+    whole.engine("judge").proxy_error("forward")
+    whole.engine("judge").gpu_memory("0", 1, 2)
+    assert value(registry, "lifeguard_inference_requests_total", engine="judge", outcome="forwarded") == 1
+    assert value(registry, "lifeguard_inference_requests_total", outcome="forwarded") == 0
+    assert value(registry, "lifeguard_proxy_errors_total", where="forward") == 1
+    for metric in registry.collect():
+        labelled = [sample.labels for sample in metric.samples]
+        if metric.name in ("lifeguard_build", "lifeguard_proxy_errors"):
+            assert all("engine" not in labels for labels in labelled), metric.name
+        else:
+            assert all(labels.get("engine") in ENGINES for labels in labelled), metric.name
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make test-observability)")
-def test_exposition_passes_promtool_check_metrics(metrics: Metrics, registry: CollectorRegistry):
+def test_exposition_passes_promtool_check_metrics(metrics: EngineMetrics, registry: CollectorRegistry):
     metrics.state_changed("STARTING", "RUNNING")
     metrics.gpu_memory("0", 1, 2)
     result = subprocess.run(
@@ -223,17 +251,14 @@ def test_exposition_passes_promtool_check_metrics(metrics: Metrics, registry: Co
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
 
 
-def test_swap_series_exist_at_zero_for_every_engine_and_count_each_swap() -> None:
-    from proxy.metrics import SWAP_OUTCOMES, SwapMetrics
-
-    registry = CollectorRegistry()
-    swaps = SwapMetrics(registry, ["policy", "judge"])
-    for engine in ("policy", "judge"):
-        for outcome in SWAP_OUTCOMES:
+def test_swap_series_exist_at_zero_for_every_engine_and_count_each_swap(registry: CollectorRegistry) -> None:
+    whole = family(registry)
+    for engine in ENGINES:
+        for outcome in m.SWAP_OUTCOMES:
             assert registry.get_sample_value("lifeguard_swaps_total", {"engine": engine, "outcome": outcome}) == 0
-    swaps.swap_finished("judge", "ok", 1.5)
-    swaps.swap_finished("judge", "no_room", 0.1)
+    whole.swap_finished("judge", "ok", 1.5)
+    whole.swap_finished("judge", "no_room", 0.1)
     assert registry.get_sample_value("lifeguard_swaps_total", {"engine": "judge", "outcome": "ok"}) == 1
     assert registry.get_sample_value("lifeguard_swap_duration_seconds_count", {"engine": "judge"}) == 1
     with pytest.raises(KeyError):
-        swaps.swap_finished("judge", "maybe", 0.0)
+        whole.swap_finished("judge", "maybe", 0.0)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy import model_directory
-from proxy.config import Settings
+from proxy.config import EngineSettings, Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.model_directory import ModelDirectory
 from proxy.upstream import Reply
@@ -31,15 +31,23 @@ class StandIn:
         return Reply(200, json.dumps(body).encode(), "application/json")
 
 
+class Guarded:
+    """What the directory reads of an engine (proxy/engine.py): its settings, configuration and client."""
+
+    def __init__(self, settings: Settings, config: EngineSettings, client: StandIn) -> None:
+        self.settings, self.config, self.client = settings, config, client
+
+
 def _directory(**configured: list[str]) -> tuple[ModelDirectory, dict[str, StandIn]]:
-    engines = {"a": StandIn("model-a"), "b": StandIn("model-b", "lora-b")}
+    clients = {"a": StandIn("model-a"), "b": StandIn("model-b", "lora-b")}
     settings = Settings(
         engines=[
             {"name": name, "upstream": f"http://127.0.0.1:{8000 + i}", "models": configured.get(name, [])}
-            for i, name in enumerate(engines)
+            for i, name in enumerate(clients)
         ]
     )
-    return ModelDirectory(settings, engines), engines  # type: ignore[arg-type]
+    engines = {config.name: Guarded(settings, config, clients[config.name]) for config in settings.engines}
+    return ModelDirectory(engines), clients  # type: ignore[arg-type]
 
 
 async def test_names_are_discovered_from_each_engine_and_asked_once() -> None:

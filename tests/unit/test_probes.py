@@ -274,9 +274,9 @@ def test_note_awake_ignores_unavailable_and_empty_readings() -> None:
     v, _, _ = verifier()
     v.note_awake(UNAVAILABLE)
     v.note_awake(GpuReading())
-    assert v.awake_footprint is None
+    assert v.footprint.awake_reading is None
     v.note_awake(used(50))
-    assert v.awake_footprint == 50 * GIB
+    assert v.footprint.awake_reading == 50 * GIB
 
 
 # ----- canary

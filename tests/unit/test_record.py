@@ -14,7 +14,9 @@ REFUSED = Observation(reachable=False, error="connection refused")
 
 
 def running_record() -> EngineRecord:
-    metrics = Metrics(CollectorRegistry(), version="x", states=[s.value for s in State], operations=["sleep"])
+    metrics = Metrics(
+        CollectorRegistry(), version="x", engines=["default"], states=[s.value for s in State], operations=["sleep"]
+    ).engine("default")
     record = EngineRecord(metrics, lambda: None)
     record.reconcile_with(AWAKE)
     assert record.state is State.RUNNING

@@ -1,5 +1,5 @@
-"""The raw front (`data_plane: raw`, proxy/front.py) at the byte level: what it forwards itself, what it hands
-to the aiohttp application, and what it refuses before anything reaches either (request smuggling)."""
+"""The front (proxy/front.py) at the byte level: what it forwards, what it answers itself, and what it refuses
+before anything reaches vLLM (request smuggling)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
+from proxy.app import Lifeguard
+from proxy.config import Settings
 from proxy.front import Front
-from proxy.seam import RawDataPlane
 
-from .conftest import RawFrontServer, Stack, proxy_settings, raw_exchange, serve_proxy, status_of
+from .conftest import Stack, lifeguard_of, raw_exchange, status_of
 
 COMPLETION = b'{"model": "tiny", "prompt": "hi", "max_tokens": 2}'
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
@@ -24,13 +24,13 @@ SMUGGLED = b"POST /sleep?level=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\
 
 
 async def _raw_stack(make_stack: Callable[..., Awaitable[Stack]], **overrides: Any) -> Stack:
-    return await make_stack(data_plane="raw", **overrides)
+    return await make_stack(**overrides)
 
 
 def _front(stack: Stack) -> Front:
-    server = stack.client.server
-    assert isinstance(server, RawFrontServer) and server.plane is not None and server.plane.front is not None
-    return server.plane.front
+    front = stack.lifeguard.front
+    assert front is not None
+    return front
 
 
 def _completion(*, close: bool = False) -> bytes:
@@ -65,12 +65,12 @@ async def test_admitted_inference_goes_to_vllm_on_one_pooled_connection(
     stack = await _raw_stack(make_stack)
     for _ in range(3):
         assert (await stack.completion()).status == 200
-    assert _front(stack).upstreams.vllm.open_connections == 1  # kept alive and reused
+    assert stack.engine.upstream.pool.open_connections == 1  # kept alive and reused
     assert stack.sim_count("generate") == 3
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
-    assert 'lifeguard_inference_requests_total{outcome="forwarded"} 3.0' in metrics
-    assert "lifeguard_upstream_response_latency_seconds_count 3.0" in metrics
-    assert 'lifeguard_request_duration_seconds_count{route_class="inference"} 3.0' in metrics
+    assert 'lifeguard_inference_requests_total{engine="default",outcome="forwarded"} 3.0' in metrics
+    assert 'lifeguard_upstream_response_latency_seconds_count{engine="default"} 3.0' in metrics
+    assert 'lifeguard_request_duration_seconds_count{engine="default",route_class="inference"} 3.0' in metrics
 
 
 async def test_one_keep_alive_connection_mixes_inference_control_and_held_requests(
@@ -178,7 +178,7 @@ async def test_a_chunked_inference_body_is_forwarded_whole_and_one_over_the_limi
     assert status_of(raw) == 413 and _error(raw)["reason"] == "body_too_large", raw[:300]
     assert stack.sim_count("generate") == 1
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
-    assert 'lifeguard_request_duration_seconds_count{route_class="inference"} 2.0' in metrics  # as aiohttp counts
+    assert 'lifeguard_request_duration_seconds_count{engine="default",route_class="inference"} 2.0' in metrics
 
 
 async def test_a_bad_target_is_the_same_400_as_the_aiohttp_path_and_the_connection_is_kept(
@@ -222,20 +222,17 @@ class Firehose:
 
 
 async def test_a_client_that_stops_reading_stops_the_front_reading_vllm_and_loses_nothing(
-    aiohttp_server: Any, aiohttp_client: Any
+    aiohttp_server: Any, serve_lifeguard: Any
 ) -> None:
     firehose = Firehose()
     upstream = await aiohttp_server(firehose.app)
-    settings = proxy_settings(
-        upstream=str(upstream.make_url("")).rstrip("/"),
-        gpu_probe="none",
-        data_plane="raw",
-        routes={"inference": ["/v1/firehose"]},
+    settings = Settings(
+        upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none", routes={"inference": ["/v1/firehose"]}
     )
-    client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+    client = await serve_lifeguard(settings)
     server = client.server
-    assert isinstance(server, RawFrontServer) and server.plane is not None and server.plane.front is not None
-    front = server.plane.front
+    front = lifeguard_of(client).front
+    assert front is not None
     deadline = time.monotonic() + 10
     while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
         assert time.monotonic() < deadline
@@ -289,7 +286,7 @@ async def test_the_vllm_pool_opens_no_more_than_its_limit_and_queues_the_rest(
     stack = await _raw_stack(make_stack, upstream_max_connections=2)
     answers = await asyncio.gather(*(stack.completion(prompt=f"p{n}") for n in range(8)))
     assert [answer.status for answer in answers] == [200] * 8
-    assert _front(stack).upstreams.vllm.open_connections <= 2
+    assert stack.engine.upstream.pool.open_connections <= 2
     assert stack.sim_count("generate") == 8
 
 
@@ -297,7 +294,7 @@ async def test_an_idle_pooled_connection_past_upstream_keepalive_s_is_closed_not
     make_stack: Callable[..., Awaitable[Stack]],
 ) -> None:
     stack = await _raw_stack(make_stack, upstream_keepalive_s=0.2)
-    pool = _front(stack).upstreams.vllm
+    pool = stack.engine.upstream.pool
     assert (await stack.completion()).status == 200
     deadline = time.monotonic() + 5
     while pool.open_connections:
@@ -317,10 +314,10 @@ async def test_vllm_gone_under_an_admitted_request_is_503_upstream_unreachable_i
     error = (await resp.json())["error"]
     assert error["reason"] == "upstream_unreachable" and error["src"] == "lifeguard"
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
-    assert 'lifeguard_inference_requests_total{outcome="upstream_unreachable"} 1.0' in metrics
+    assert 'lifeguard_inference_requests_total{engine="default",outcome="upstream_unreachable"} 1.0' in metrics
 
 
-async def test_a_connection_that_answered_a_5xx_is_not_reused(aiohttp_server: Any, aiohttp_client: Any) -> None:
+async def test_a_connection_that_answered_a_5xx_is_not_reused(aiohttp_server: Any, serve_lifeguard: Any) -> None:
     """uvicorn closes the connection after an unhandled exception's 500 without `Connection: close`."""
     peers: list[Any] = []
 
@@ -332,8 +329,7 @@ async def test_a_connection_that_answered_a_5xx_is_not_reused(aiohttp_server: An
     upstream_app = Firehose().app
     upstream_app.router.add_post("/v1/completions", boom)
     upstream = await aiohttp_server(upstream_app)
-    settings = proxy_settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none", data_plane="raw")
-    client = await serve_proxy(aiohttp_client, create_app(settings), settings)
+    client = await serve_lifeguard(Settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none"))
     deadline = time.monotonic() + 10
     while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
         assert time.monotonic() < deadline
@@ -355,10 +351,10 @@ async def test_a_held_request_waits_parked_in_the_front_and_goes_straight_to_vll
     assert [type(conn._active).__name__ for conn in front.connections if conn._active is not None] == ["HeldExchange"]
     assert (await stack.client.post("/wake_up")).status == 200
     assert (await held).status == 200
-    assert front.upstreams.vllm.open_connections == 1  # forwarded on the pool, not through the application
+    assert stack.engine.upstream.pool.open_connections == 1  # forwarded on the pool
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
-    assert 'lifeguard_inference_requests_total{outcome="forwarded"} 1.0' in metrics
-    assert 'lifeguard_hold_duration_seconds_count{outcome="forwarded"} 1.0' in metrics
+    assert 'lifeguard_inference_requests_total{engine="default",outcome="forwarded"} 1.0' in metrics
+    assert 'lifeguard_hold_duration_seconds_count{engine="default",outcome="forwarded"} 1.0' in metrics
 
 
 async def test_a_smuggling_attempt_pipelined_behind_a_held_request_meets_a_parser_as_strict_as_the_first(
@@ -395,27 +391,22 @@ async def test_a_smuggling_attempt_pipelined_behind_a_held_request_meets_a_parse
     assert (await stack.state())["state"] == "RUNNING"
 
 
-async def test_a_burst_of_control_calls_larger_than_any_listen_backlog_all_reach_the_application(
-    aiohttp_server: Any,
-) -> None:
-    """The seam's connections are not queued behind anything: 64 control calls arrive in one turn of the loop
-    and all 64 are answered by the application. Through a listening unix socket with a backlog below the burst,
-    the connects past the backlog failed (EAGAIN, which asyncio took for a connection: "not connected" on the
-    first write) and their clients were cut (docs/reliability.md, the raw data plane under proxy restarts)."""
+async def test_a_burst_of_connections_larger_than_the_listen_backlog_is_all_answered(aiohttp_server: Any) -> None:
+    """64 clients connect and send in one turn of the loop to a proxy listening with a backlog of 8: every one
+    is answered (the kernel's queue overflows and the clients retry their connect; nothing is cut)."""
     upstream = await aiohttp_server(Firehose().app)
-    settings = proxy_settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none", data_plane="raw")
-    plane = RawDataPlane(create_app(settings), settings)
-    await plane.start("127.0.0.1", 0, backlog=8)
+    lifeguard = Lifeguard(Settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none"))
+    await lifeguard.start("127.0.0.1", 0, backlog=8)
     writers: list[asyncio.StreamWriter] = []
     try:
-        streams = [await asyncio.open_connection("127.0.0.1", plane.port) for _ in range(64)]
+        async with asyncio.timeout(30):
+            streams = [await asyncio.open_connection("127.0.0.1", lifeguard.port) for _ in range(64)]
         writers = [writer for _, writer in streams]
         for writer in writers:  # no await in between: the proxy reads all 64 in its next turn
             writer.write(b"GET /lifeguard/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         answers = await asyncio.gather(*(_read_response(reader) for reader, _ in streams), return_exceptions=True)
         assert [a if isinstance(a, BaseException) else a[0] for a in answers] == [200] * 64
-        assert plane.front is not None and plane.front.upstreams.seam.open_connections == 64
     finally:
         for writer in writers:
             writer.close()
-        await plane.close()
+        await lifeguard.close()
