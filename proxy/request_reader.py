@@ -140,7 +140,7 @@ class RequestReader:
         except httptools.HttpParserCallbackError as exc:
             if self._refusal is not None:
                 return self._refusal
-            raise exc.__cause__ or exc from None  # a bug of ours in a callback: the caller's boundary has it
+            raise exc.__context__ or exc from None  # a bug of ours in a callback (llhttp keeps it as the context)
         except httptools.HttpParserError as exc:
             return BadRequest(f"malformed HTTP/1.1 request: {exc}")
         if self._parsing is not None and not self._parsing.head_done:

@@ -144,7 +144,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             self.close()
-            sink.crashed("upstream", exc.__cause__ or exc)
+            sink.crashed("upstream", exc.__context__ or exc)  # llhttp keeps our exception as the context
         except httptools.HttpParserError as exc:
             self.close()
             sink.upstream_lost(f"unreadable response: {exc}")
