@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test test-aiohttp-plane lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -27,9 +27,6 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
 	$(BIN)/pytest -q
-
-test-aiohttp-plane: setup  ## every e2e test through `data_plane: aiohttp` (make test runs them on the default, raw)
-	LIFEGUARD_TEST_DATA_PLANE=aiohttp $(BIN)/pytest -q tests/e2e
 
 test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
 	bash scripts/test-vllm.sh

@@ -10,8 +10,8 @@ resolves to an SDK for Grafana 10.1 (the epoch sorts first), and `==11.6.0` alon
 
 Every query uses the selector `{namespace=~"$namespace", pod=~"$pod", engine=~"$engine"}`. `namespace` and
 `pod` come from the scrape (Kubernetes service discovery or the static labels of tests/observability), not
-the proxy. `engine` is the proxy's own label with several engines (`engines:`); a single-engine proxy has
-none, and the variable's All value `.*` matches the absent label too, so its panels keep their data.
+the proxy. `engine` is the proxy's own label, on every series about an engine (a single `upstream:` is
+`engine="default"`); the variable's All value `.*` also keeps series without it.
 tests/observability evaluates every `expr` below against a real Prometheus.
 """
 
@@ -157,7 +157,7 @@ def build() -> dict[str, object]:
             .sort(dm.VariableSort.ALPHABETICAL_ASC)
             .multi(True)
             .include_all(True)
-            # Not the list of values: a single-engine proxy's series have no engine label, which only `.*` matches.
+            # Not the list of values: `.*` also keeps the proxy's own series, which have no engine label.
             .all_value(".*")
         )
     )
