@@ -222,14 +222,7 @@ class FrontConnection(asyncio.Protocol):
         self._closing = True
         self._cancel_timers()
         self._front.connections.discard(self)
-        self._queue.clear()
-        active, self._active = self._active, None
-        if active is not None:
-            self._front.exchange_ended()
-            try:
-                active.client_gone()
-            except Exception as bug:
-                caught("client", bug, self._front.fleet.metrics.proxy_error)
+        self._drop_active()
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -250,6 +243,17 @@ class FrontConnection(asyncio.Protocol):
         """A bug of ours while serving this connection (proxy/boundary.py): whatever was in progress is ended,
         the client is answered (or, mid-answer, its connection dropped), and the connection closes."""
         error = caught("client", exc, self._front.fleet.metrics.proxy_error)
+        active = self._drop_active()
+        if active is not None and active.head_sent:
+            self.transport.abort()
+            self._closing = True
+            return
+        if not self._closing and not self.transport.is_closing():
+            self.transport.write(error_bytes(error, close=True))
+        self._close()
+
+    def _drop_active(self) -> Exchange | None:
+        """Forget what is queued and end what is in progress as if its client had left; returns what was."""
         self._queue.clear()
         active, self._active = self._active, None
         if active is not None:
@@ -258,13 +262,7 @@ class FrontConnection(asyncio.Protocol):
                 active.client_gone()
             except Exception as bug:
                 caught("client", bug, self._front.fleet.metrics.proxy_error)
-            if active.head_sent:
-                self.transport.abort()
-                self._closing = True
-                return
-        if not self._closing and not self.transport.is_closing():
-            self.transport.write(error_bytes(error, close=True))
-        self._close()
+        return active
 
     # ----- deciding
     def _head_read(self, request: ParsedRequest) -> None:

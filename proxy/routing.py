@@ -91,12 +91,18 @@ class Router:
 
 
 def model_of(body: bytes) -> str | None:
-    """The `"model"` of a JSON request body, if it names one."""
+    """The `"model"` of a JSON request body, if it names one. On the path of every request to a proxy of
+    several engines: `raw_decode` of the text skips what `json.loads` adds (encoding detection, the
+    trailing-whitespace scan), about a third of the cost; what follows the object is vLLM's to refuse."""
     if not body:
         return None
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):
+        text = body.decode()
+        payload, _ = _DECODER.raw_decode(text, len(text) - len(text.lstrip()))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     model = payload.get("model") if isinstance(payload, dict) else None
     return model if isinstance(model, str) and model else None
+
+
+_DECODER = json.JSONDecoder()

@@ -1,7 +1,7 @@
 """The bench's figures as pictures: `charts.py BENCH.json --out docs/perf` (scripts/bench.sh runs it).
 
 Reads the `--json` file run.py writes and draws, for every variant (direct, nginx, Envoy, vllm-router,
-lifeguard on each data plane that ran):
+lifeguard, lifeguard of two engines, and the baseline checkout's lifeguard when one ran):
 * `fixed-cpu.png`: proxy CPU µs per request, per connection count (the figure that holds on a shared box);
 * `fixed-rps.png`: req/s, per connection count;
 * `sse-latency.png`: SSE per-event latency p50 / p99 with the source paced, per stream count;
@@ -21,23 +21,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ORDER = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-alt")
+ORDER = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-2e", "lifeguard-base")
 COLORS = {
     "direct": "#9e9e9e",
     "nginx": "#2e7d32",
     "envoy": "#6a1b9a",
     "vllm-router": "#ef6c00",
     "lifeguard": "#1565c0",
-    "lifeguard-alt": "#90caf9",
+    "lifeguard-2e": "#42a5f5",
+    "lifeguard-base": "#90caf9",
 }
 
 
 def label(path: str, args: dict[str, Any]) -> str:
-    if path == "lifeguard":
-        return f"lifeguard {args.get('data_plane', 'raw')}"
-    if path == "lifeguard-alt":
-        return f"lifeguard {args.get('also_plane', 'aiohttp')}"
-    return {"envoy": "Envoy"}.get(path, path)
+    names = {"envoy": "Envoy", "lifeguard-2e": "lifeguard, 2 engines", "lifeguard-base": "lifeguard before"}
+    return names.get(path, path)
 
 
 def finite(value: Any) -> bool:

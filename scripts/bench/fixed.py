@@ -10,15 +10,18 @@ import re
 from typing import Any
 
 from procs import cpu_seconds, log, median_dict, rss_bytes
-from rig import HERE, Rig
+from rig import HERE, TWO_ENGINE_MODELS, Rig
 
 
-async def wrk(port: int, conns: int, seconds: float, pid: int | None, max_tokens: int = 2) -> dict[str, float]:
-    """One wrk run; adds the proxy's CPU seconds and its RSS sampled half-way."""
+async def wrk(
+    port: int, conns: int, seconds: float, pid: int | None, max_tokens: int = 2, models: tuple[str, ...] = ("tiny",)
+) -> dict[str, float]:
+    """One wrk run (its requests alternating between `models`); adds the proxy's CPU seconds and its RSS
+    sampled half-way."""
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / "wrk-post.lua")]
     argv.append(f"http://127.0.0.1:{port}/v1/completions")
     cpu0 = cpu_seconds(pid) if pid else 0.0
-    env = {**os.environ, "WRK_MAX_TOKENS": str(max_tokens)}
+    env = {**os.environ, "WRK_MAX_TOKENS": str(max_tokens), "WRK_MODELS": ",".join(models)}
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
@@ -39,14 +42,16 @@ async def wrk(port: int, conns: int, seconds: float, pid: int | None, max_tokens
 
 
 async def bench_fixed(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps: int) -> dict[str, Any]:
-    await rig.start_lifeguards(f"http://127.0.0.1:{rig.up_port}")
+    """Every path gets the same requests, alternating between the two-engine proxy's two model names (a
+    path of one engine, or a peer, ignores the name): the two-engine figure is measured on the same load."""
+    await rig.start_lifeguards(f"http://127.0.0.1:{rig.up_port}", two_engines=True)
     for target in rig.paths:  # warm every path (connection pools, lazily imported code)
-        await wrk(rig.port(target), 16, 1, None)
+        await wrk(rig.port(target), 16, 1, None, models=TWO_ENGINE_MODELS)
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     for conns in conns_list:
         for rep in range(reps):
             for target in rig.paths:
-                result = await wrk(rig.port(target), conns, seconds, rig.proxy_pid(target))
+                result = await wrk(rig.port(target), conns, seconds, rig.proxy_pid(target), models=TWO_ENGINE_MODELS)
                 runs.setdefault((target, conns), []).append(result)
                 log(
                     f"fixed c={conns} rep={rep + 1} {target:13s} {result['rps']:8.0f} req/s "

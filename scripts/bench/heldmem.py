@@ -1,6 +1,6 @@
 """Where the bytes of a held request go: the proxy under tracemalloc in front of the sleeping fake vLLM.
 
-Starts upstream.py and `python -m proxy serve` (from `--proxy-src`, raw plane) with tracemalloc on, opens
+Starts upstream.py and `python -m proxy serve` (from `--proxy-src`) with tracemalloc on, opens
 `--count` client connections, then sends one completion on each while the engine sleeps. The proxy writes a
 snapshot on SIGUSR1; printed: the traced bytes per client, grouped by file:line, for the open connection and
 for the held request, and the RSS delta beside them (tracemalloc's own bookkeeping is in the RSS here).
@@ -60,7 +60,7 @@ async def run(count: int, src: Path) -> None:
     up_port, lg_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "--port", str(up_port)])
     argv = ["serve", "--upstream", f"http://127.0.0.1:{up_port}", "--port", str(lg_port), "--gpu-probe", "none"]
-    argv += ["--no-canary", "--log-level", "warning", "--data-plane", "raw"]
+    argv += ["--no-canary", "--log-level", "warning"]
     proc = subprocess.Popen([sys.executable, "-c", SERVE, str(out / "snap"), *argv], cwd=src)
     try:
 

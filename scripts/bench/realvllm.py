@@ -53,8 +53,8 @@ async def bench_vllm(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps
         await rig.start_lifeguards(server.url)
         ports = {"direct": server.port, "lifeguard": rig.lg_port}
         pids: dict[str, int | None] = {"direct": None, "lifeguard": rig.lg_pid}
-        if rig.lg_alt is not None:
-            ports["lifeguard-alt"], pids["lifeguard-alt"] = rig.lg_alt_port, rig.lg_alt_pid
+        if rig.lg_base is not None:
+            ports["lifeguard-base"], pids["lifeguard-base"] = rig.lg_base_port, rig.lg_base_pid
         for port in ports.values():  # warm: vLLM's first requests compile and allocate
             await wrk(port, 4, 2, None, max_tokens=1)
         runs: dict[tuple[str, int], list[dict[str, float]]] = {}

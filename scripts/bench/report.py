@@ -1,6 +1,7 @@
 """The table `make bench` prints: one row per figure on every path (direct, the peers nginx / Envoy /
-vllm-router, lifeguard on two data planes), lifeguard's ratio to nginx and to the best peer, judged by
-TARGETS; and the real-vLLM table when that load ran."""
+vllm-router, lifeguard, lifeguard of two engines, the baseline checkout's lifeguard), lifeguard's ratio to
+nginx and to the best peer, judged by TARGETS; the two-engine and before/after ratios; and the real-vLLM
+table when that load ran."""
 
 from __future__ import annotations
 
@@ -14,20 +15,25 @@ from rig import PEERS
 from targets import judge, measured
 
 # The columns of the main table, in order: the load's paths (rig.PATHS), then lifeguard's ratios.
-COLUMNS = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-alt")
-TITLES = {"direct": "direct", "nginx": "nginx", "envoy": "Envoy", "vllm-router": "vllm-router"}
+COLUMNS = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-2e", "lifeguard-base")
+TITLES = {
+    "direct": "direct",
+    "nginx": "nginx",
+    "envoy": "Envoy",
+    "vllm-router": "vllm-router",
+    "lifeguard": "lifeguard",
+    "lifeguard-2e": "lifeguard, 2 engines",
+    "lifeguard-base": "lifeguard before (--baseline-src)",
+}
 NO_TARGET = ["", ""]
 
 
 def head(args: argparse.Namespace) -> list[str]:
-    """The header row: the lifeguard columns name their data plane."""
-    titles = {**TITLES, "lifeguard": f"lifeguard {args.data_plane}", "lifeguard-alt": f"lifeguard {args.also_plane}"}
-    vs = f"lifeguard {args.data_plane}"
     return [
         "figure",
-        *(titles[c] for c in COLUMNS),
-        f"{vs} vs nginx",
-        f"{vs} vs best of Envoy, vllm-router",
+        *(TITLES[c] for c in COLUMNS),
+        "lifeguard vs nginx",
+        "lifeguard vs best of Envoy, vllm-router",
         "target",
         "",
     ]
@@ -68,7 +74,7 @@ def per_event(us: float) -> str:
 
 
 def lifeguard_only(figure: str, value: str, judged: list[str] = NO_TARGET) -> list[str]:
-    return [figure, "", "", "", "", value, "", "", "", *judged]
+    return [figure, "", "", "", "", value, "", "", "", "", *judged]
 
 
 def cell(value: float | None, unit: str) -> str:
@@ -123,6 +129,16 @@ def fixed_rows(fixed: dict[str, Any], conns: list[int]) -> list[list[str]]:
         cpu = {path: r["cpu_us_per_req"] for path, r in runs.items() if path != "direct"}
         judged = judge("cpu_vs_envoy@64", ratio(cpu["lifeguard"], cpu.get("envoy", math.nan))) if c == 64 else NO_TARGET
         rows.append(compare(f"proxy CPU per request, {c} conn", cpu, "us", True, judged))
+        two = ratio(cpu.get("lifeguard-2e", math.nan), cpu["lifeguard"])
+        if measured(two):
+            judged = judge("cpu_2e_vs_1e@64", two) if c == 64 else NO_TARGET
+            rows.append(lifeguard_only(f"… two engines (by model) ÷ one engine, CPU per request, {c} conn",
+                                       fmt(two, "x"), judged))  # fmt: skip
+        before = ratio(cpu["lifeguard"], cpu.get("lifeguard-base", math.nan))
+        if measured(before):
+            judged = judge("cpu_vs_baseline@64", before) if c == 64 else NO_TARGET
+            rows.append(lifeguard_only(f"… one engine ÷ the baseline checkout, CPU per request, {c} conn",
+                                       fmt(before, "x"), judged))  # fmt: skip
     top = conns[-1]
     if fixed.get(f"lifeguard@{top}"):
         rss = {path: fixed[f"{path}@{top}"]["rss"] for path in COLUMNS[1:] if fixed.get(f"{path}@{top}")}
@@ -200,7 +216,7 @@ def lifecycle_rows(lc: dict[str, Any]) -> list[list[str]]:
         direct, lifeguard = lc[f"direct_{op}_ms"], lc[f"lifeguard_{op}_ms"]
         figure = f"lifecycle: {op} (engine op {lc['op_ms']:g} ms; last column: lifeguard − direct)"
         judged = judge("lifecycle_added_ms", lifeguard - direct)
-        row = [figure, fmt(direct, "ms"), "", "", "", fmt(lifeguard, "ms"), "", "", delta(lifeguard - direct)]
+        row = [figure, fmt(direct, "ms"), "", "", "", fmt(lifeguard, "ms"), "", "", "", delta(lifeguard - direct)]
         rows.append(row + judged)
     return rows
 
@@ -209,13 +225,13 @@ def swap_rows(sw: dict[str, Any]) -> list[list[str]]:
     engine = 2 * sw["op_ms"]
     figure = f"model swap: request for a sleeping model → first byte (engine sleep + wake {engine:g} ms in 'direct')"
     judged = judge("swap_added_ms", sw["swap_added_ms"])
-    row = [figure, fmt(engine, "ms"), "", "", "", fmt(sw["swap_ms"], "ms"), "", "", delta(sw["swap_added_ms"])]
+    row = [figure, fmt(engine, "ms"), "", "", "", fmt(sw["swap_ms"], "ms"), "", "", "", delta(sw["swap_added_ms"])]
     return [row + judged]
 
 
 def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace) -> list[str]:
     """In front of a real vLLM: req/s direct and through each lifeguard, the ratio, the proxy's CPU."""
-    planes = [("lifeguard", args.data_plane), ("lifeguard-alt", args.also_plane)]
+    planes = [("lifeguard", "lifeguard"), ("lifeguard-base", "baseline")]
     planes = [(path, plane) for path, plane in planes if any(f"{path}@{c}" in vllm for c in conns)]
     cols = ["real vLLM, max_tokens=1", "direct req/s"]
     for _, plane in planes:

@@ -7,9 +7,11 @@
   worker URL, one tokio worker thread; one router per upstream, as it takes one worker list); Envoy and
   vllm-router only when their executables are found in `peers_bin` (scripts/bench.sh installs them into
   the bench venv);
-* lifeguard: `python -m proxy serve` from the checkout under test, one process, on the data plane
-  `--data-plane` names (raw, the default, or aiohttp); and, for the non-streaming and SSE loads, a second
-  one on `also_plane` (the other plane), measured as its own path.
+* lifeguard: `python -m proxy serve` from the checkout under test, one process guarding one engine; for the
+  non-streaming load also `lifeguard-2e`, the same proxy guarding two engines (`engines:`, both on the same
+  upstream, requests routed by their `"model"`, alternating between the two); and, when `baseline_src`
+  names another checkout (`--baseline-src`), `lifeguard-base`, that checkout's proxy, for before/after
+  figures measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ PATHS = {
         port="router_port", sse_port="router_sse_port", measured="router_pid", sse_measured="router_sse_pid"
     ),
     "lifeguard": LoadPath(port="lg_port", sse_port="lg_port", measured="lg_pid", sse_measured="lg_pid"),
-    "lifeguard-alt": LoadPath(
-        port="lg_alt_port", sse_port="lg_alt_port", measured="lg_alt_pid", sse_measured="lg_alt_pid"
+    "lifeguard-2e": LoadPath(port="lg_2e_port", sse_port="lg_2e_port", measured="lg_2e_pid", sse_measured="lg_2e_pid"),
+    "lifeguard-base": LoadPath(
+        port="lg_base_port", sse_port="lg_base_port", measured="lg_base_pid", sse_measured="lg_base_pid"
     ),
 }
+#: The two engines' served names in `lifeguard-2e` (wrk alternates between them: WRK_MODELS).
+TWO_ENGINE_MODELS = ("tiny", "tiny-judge")
 PEERS = ("nginx", "envoy", "vllm-router")
 
 
@@ -65,11 +70,12 @@ class Rig:
     nginx_worker: int = 0
     lg: Proc | None = None
     lg_port: int = 0
-    data_plane: str = "raw"
-    also_plane: str = ""  # a second lifeguard on this plane for the fixed and SSE loads ("": none)
+    baseline_src: Path | None = None  # another checkout whose proxy runs beside (lifeguard-base)
     peers_bin: Path | None = None  # where the `envoy` and `vllm-router` executables are
-    lg_alt: Proc | None = None
-    lg_alt_port: int = 0
+    lg_2e: Proc | None = None
+    lg_2e_port: int = 0
+    lg_base: Proc | None = None
+    lg_base_port: int = 0
     envoy_port: int = field(default_factory=free_port)
     envoy_sse_port: int = field(default_factory=free_port)
     envoy_pid: int = 0
@@ -170,15 +176,31 @@ class Rig:
     async def start_lifeguard(self, upstream_port: int) -> Proc:
         return await self._start_lifeguard(["--upstream", f"http://127.0.0.1:{upstream_port}"])
 
-    async def start_lifeguards(self, upstream_url: str) -> None:
-        """The lifeguard under test on `data_plane` and, when `also_plane` is set, a second one on it."""
+    async def start_lifeguards(self, upstream_url: str, *, two_engines: bool = False) -> None:
+        """The lifeguard under test; with `two_engines`, the same proxy of two engines on `upstream_url`; the
+        baseline checkout's when there is one."""
         await self._start_lifeguard(["--upstream", upstream_url])
-        if "lifeguard" not in self.paths:
-            self.paths.append("lifeguard")
-        if self.also_plane and self.also_plane != self.data_plane:
-            self.lg_alt, self.lg_alt_port = await self._launch(["--upstream", upstream_url], self.also_plane, "alt")
-            if "lifeguard-alt" not in self.paths:
-                self.paths.append("lifeguard-alt")
+        self._add_path("lifeguard")
+        if two_engines:
+            config = self.workdir / "two-engines.yaml"
+            config.write_text(
+                "engines:\n"
+                + "".join(
+                    f"  - {{name: e{n}, upstream: '{upstream_url}', models: [{model}], gpus: [{n}]}}\n"
+                    for n, model in enumerate(TWO_ENGINE_MODELS)
+                )
+            )
+            self.lg_2e, self.lg_2e_port = await self._launch(["--config", str(config)], self.proxy_src, "2e")
+            self._add_path("lifeguard-2e")
+        if self.baseline_src is not None:
+            self.lg_base, self.lg_base_port = await self._launch(
+                ["--upstream", upstream_url], self.baseline_src, "base"
+            )
+            self._add_path("lifeguard-base")
+
+    def _add_path(self, path: str) -> None:
+        if path not in self.paths:
+            self.paths.append(path)
 
     async def start_lifeguard_engines(self, config: Path) -> Proc:
         """The proxy of several engines (`engines:` in `config`); ready once it has seen every engine."""
@@ -186,15 +208,14 @@ class Rig:
 
     async def _start_lifeguard(self, target: list[str]) -> Proc:
         await self.stop_lifeguard()
-        self.lg, self.lg_port = await self._launch(target, self.data_plane, "")
+        self.lg, self.lg_port = await self._launch(target, self.proxy_src, "")
         return self.lg
 
-    async def _launch(self, target: list[str], plane: str, suffix: str) -> tuple[Proc, int]:
+    async def _launch(self, target: list[str], src: Path, suffix: str) -> tuple[Proc, int]:
         port = free_port()
         argv = [sys.executable, "-m", "proxy", "serve", *target]
         argv += ["--port", str(port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning"]
-        argv += ["--data-plane", plane]
-        proc = self.start("lifeguard" + (f"-{suffix}" if suffix else ""), argv, cwd=self.proxy_src)
+        proc = self.start("lifeguard" + (f"-{suffix}" if suffix else ""), argv, cwd=src)
 
         async def running() -> bool:
             status, body = await http(port, "GET", "/lifeguard/state", timeout=2)
@@ -213,11 +234,12 @@ class Rig:
         return proc, port
 
     async def stop_lifeguard(self) -> None:
-        for proc in (self.lg, self.lg_alt):
+        for proc in (self.lg, self.lg_2e, self.lg_base):
             if proc is not None:
                 proc.stop()
                 self.procs.remove(proc)
-        self.lg = self.lg_alt = None
+        self.lg = self.lg_2e = self.lg_base = None
+        self.paths = [path for path in self.paths if path not in ("lifeguard-2e", "lifeguard-base")]
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -229,8 +251,12 @@ class Rig:
         return self.lg.pid if self.lg is not None else None
 
     @property
-    def lg_alt_pid(self) -> int | None:
-        return self.lg_alt.pid if self.lg_alt is not None else None
+    def lg_2e_pid(self) -> int | None:
+        return self.lg_2e.pid if self.lg_2e is not None else None
+
+    @property
+    def lg_base_pid(self) -> int | None:
+        return self.lg_base.pid if self.lg_base is not None else None
 
     def port(self, path: str, *, sse: bool = False) -> int:
         row = PATHS[path]

@@ -7,8 +7,9 @@ Everything runs on loopback, started and stopped here, under one temp directory:
   timestamp in every event, and `/sleep` / `/wake_up` that flip its flags;
 * nginx as a reverse proxy in front of both (one worker: one proxy process against one proxy process),
   and beside it the other peers when `--peers-bin` has them: Envoy (`--concurrency 1`) and vllm-router;
-* vllm-lifeguard (`python -m proxy serve`, from this checkout or `--proxy-src`), one process on
-  `--data-plane`, and for the non-streaming and SSE loads one more on `--also-plane`;
+* vllm-lifeguard (`python -m proxy serve`, from this checkout or `--proxy-src`), one process guarding one
+  engine; for the non-streaming load also one guarding two engines (routed by model); and with
+  `--baseline-src DIR` another checkout's proxy beside it (before/after in one run);
 * with `--vllm` (or `--only vllm`): a real vLLM-for-CPU, direct vs through the proxy (`realvllm.py`).
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
@@ -65,9 +66,10 @@ def workdir(keep: bool) -> Iterator[Path]:
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     res: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "func"}}
-    log(f"machine: {res['machine']}; vllm-lifeguard from {args.proxy_src}, data plane {args.data_plane}")
+    log(f"machine: {res['machine']}; vllm-lifeguard from {args.proxy_src}, baseline {args.baseline_src or 'none'}")
     with workdir(args.keep) as wd:
-        rig = Rig(wd, Path(args.proxy_src).resolve(), data_plane=args.data_plane, also_plane=args.also_plane)
+        baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
+        rig = Rig(wd, Path(args.proxy_src).resolve(), baseline_src=baseline)
         rig.peers_bin = Path(args.peers_bin) if args.peers_bin else None
         try:
             if args.only & RIG_LOADS:  # the swap and the real vLLM start upstreams of their own
@@ -95,8 +97,7 @@ async def run(args: argparse.Namespace) -> int:
     res["seconds"] = time.monotonic() - started
     res["paths"] = rig.paths
     print()
-    print(f"vllm-lifeguard performance, data plane {args.data_plane} — {res['machine']} "
-          f"(after: {' '.join(res['load_after'])})")  # fmt: skip
+    print(f"vllm-lifeguard performance — {res['machine']} (after: {' '.join(res['load_after'])})")
     print(f"run took {res['seconds']:.0f} s; medians of {args.reps} run(s)" + (" (quick)" if args.quick else ""))
     print()
     for line in build_table(res, args):
@@ -114,12 +115,8 @@ def main() -> int:
         "--only", default="fixed,sse,lifecycle,swap,hold", help="comma list: fixed,sse,lifecycle,swap,hold,vllm"
     )
     parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
-    parser.add_argument("--data-plane", default="raw", choices=("raw", "aiohttp"), help="the proxy's front")
     parser.add_argument(
-        "--also-plane",
-        default="aiohttp",
-        choices=("raw", "aiohttp", ""),
-        help="a second lifeguard on this plane for the fixed, SSE and real-vLLM loads ('' for none)",
+        "--baseline-src", default="", help="another checkout whose proxy runs beside this one (before/after)"
     )
     parser.add_argument("--peers-bin", default="", help="folder with the `envoy` and `vllm-router` executables")
     parser.add_argument("--vllm-conns", default="1,16,64")

@@ -23,6 +23,10 @@ TARGETS: dict[str, Target] = {
     "rps_vs_nginx@64": Target("≥ 0.6× nginx", lambda ratio: ratio >= 0.6),
     # lifeguard's CPU µs per request ÷ Envoy's, 64 connections
     "cpu_vs_envoy@64": Target("≤ Envoy's", lambda ratio: ratio <= 1),
+    # two engines behind one proxy (routed by model) ÷ one engine, CPU per request, 64 connections
+    "cpu_2e_vs_1e@64": Target("≤ 1.15× one engine", lambda ratio: ratio <= 1.15),
+    # this checkout ÷ the baseline checkout (--baseline-src), CPU per request, 64 connections: no slower
+    "cpu_vs_baseline@64": Target("within ±10% of the baseline or below", lambda ratio: ratio <= 1.1),
     # ms lifeguard adds over nginx
     "p50_over_nginx_ms@1": Target("+≤ 0.1 ms over nginx", lambda added: added <= 0.1),
     "p99_over_nginx_ms@256": Target("+≤ 2 ms over nginx", lambda added: added <= 2),

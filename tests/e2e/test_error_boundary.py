@@ -188,22 +188,21 @@ async def test_a_bug_when_the_client_pauses_reading_ends_its_exchange_and_the_pr
     stack = await make_stack()
     front = stack.lifeguard.front
     assert front is not None
-    raise_once(exchange.Forward, "client_writable", monkeypatch)
+    assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
+    raise_once(held.HeldExchange, "client_writable", monkeypatch)
     reader, writer = await asyncio.open_connection(stack.client.server.host, stack.client.server.port)
     try:
-        body = json.dumps({**COMPLETION, "max_tokens": 64}).encode()
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
-        await writer.drain()
-        async with asyncio.timeout(10):
-            while not front.connections or not any(conn._active for conn in front.connections):
-                await asyncio.sleep(0.005)
-        conn = next(iter(front.connections))
-        conn.pause_writing()  # as asyncio calls it when the client's buffer is full
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        await stack.wait_held(1)
+        (conn,) = [conn for conn in front.connections if conn._active is not None]
+        conn.pause_writing()  # as asyncio calls it when the client's send buffer is full
         async with asyncio.timeout(10):
             answer = await reader.read()
     finally:
         writer.close()
-    assert answer == b"" or b"proxy_error" in answer
+    assert status_of(answer) == 503 and b"proxy_error" in answer and b"\r\nConnection: close\r\n" in answer
+    assert (await stack.state())["held_requests"] == 0
+    assert (await stack.client.post("/wake_up")).status == 200
     await _serves_on(stack, bugs, "client")
 
 

@@ -35,7 +35,7 @@ async def test_a_client_disconnect_aborts_its_generation(sim: Sim) -> None:
 
 async def test_a_held_client_that_leaves_is_dropped_from_the_queue(sim: Sim) -> None:
     await sim.api.post("/pause")
-    async with aiohttp.ClientSession() as other:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as other:
         request = asyncio.create_task(
             other.post(sim.api.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         )

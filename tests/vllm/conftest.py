@@ -239,5 +239,6 @@ async def oai_direct(vllm_server: Any) -> AsyncIterator[AsyncOpenAI]:
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)) as s:
+    # Every request has a deadline inside the shortest test timeout here (180 s): a hang is named, not hidden.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=150, sock_connect=5)) as s:
         yield s
