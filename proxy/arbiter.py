@@ -4,13 +4,21 @@
 * Wakes are serialized per GPU: a wake, a weight load (`collective_rpc`, the weight-update phases) or a KV
   cache release of an engine holds a lock on each of its GPUs (taken in index order, with the lifecycle
   queue deadline), so two never run at once on one GPU (vLLM #36753: two wakes at once run out of memory).
+  The locks are first come, first served: the engine whose request has waited longest is swapped in first.
 * Memory admission before a wake: `swap_rules.plan_room` says whether what the wake adds (`wake_need`:
   nothing from level 0, the rest after a partial wake, else the footprint) fits in its GPUs' free memory;
-  if not, the least recently used engine there that holds its memory and may sleep (awake, paused, or
-  asleep at level 0: woken first, which adds nothing) is put to sleep through its own coordinator
-  (verified as any sleep; drained first when `drain_before_sleep_s` is set), and the plan is made again.
-  What cannot fit is refused with 503 `insufficient_gpu_memory`, and the engine's held requests get that
-  answer at once: nothing is woken into an out-of-memory.
+  if not, an engine there that holds its memory and may sleep (awake, paused, or asleep at level 0: woken
+  first, which adds nothing; idle ones first, least recently used first) is put to sleep through its own
+  coordinator, verified as any sleep, and the plan is made again. What cannot fit (a pinned, failed or
+  updating neighbour, a footprint larger than the GPUs) is refused with 503 `insufficient_gpu_memory`, and
+  the engine's held requests get that answer at once: nothing is woken into an out-of-memory.
+* Turns (a request for a sleeping model waits its turn, never refused because a neighbour is busy): before a
+  wake asked for by held requests, a neighbour that served requests since they began waiting keeps serving
+  for its turn, `swap_quantum_s` from when they began waiting or from its own wake, whichever is later (a
+  just-woken engine serves what it was woken for). Then it stops admitting (new requests for it are held),
+  what it serves finishes (at most `swap_drain_timeout_s`; its sleep ends what is left), and it is put to
+  sleep; the waiting requests are released together once the wake is verified. The requests it held meanwhile
+  ask for its own wake, which queues behind.
 * An engine this arbiter put to sleep at level 2 (`swap_sleep_level: 2`) gets its weights reloaded
   (`collective_rpc reload_weights`) and its prefix cache reset right after its wake, before a request runs.
 
@@ -61,6 +69,14 @@ class _Turn:
     running: bool = False
 
 
+@dataclass
+class _Wait:
+    """What a swap waits for now (/lifeguard/state): a neighbour's turn (until a time), its drain, its sleep."""
+
+    what: str
+    until: float | None = None
+
+
 class _Guard:
     """The coordinator's `guard` for one engine."""
 
@@ -88,6 +104,8 @@ class Arbiter:
         self._wakes: dict[tuple[str, Any], asyncio.Future[Outcome]] = {}
         # Put to sleep at level 2 by this arbiter: their weights are reloaded after their next wake.
         self.reload_on_wake: set[str] = set()
+        self._awake_since: dict[str, float] = {}  # when the arbiter's last wake of each engine ended
+        self._waits: dict[str, _Wait] = {}  # what each engine being swapped in waits for now
         for name, engine in engines.items():
             engine.coordinator.guard = _Guard(self, name)
 
@@ -126,29 +144,61 @@ class Arbiter:
     async def _wake(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         engine = self._engines[name]
         coordinator = engine.coordinator
-        async with self._gpus(name, "wake_up"):
-            if coordinator.state is not State.SLEEPING:
-                return await submit(call)  # the coordinator judges it: a no-op or a refusal
-            started = time.monotonic()
-            from_full_sleep = coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
-            try:
-                await self._make_room(engine, call)
-                before = await self._gpu.read()
-                outcome = await submit(call)
-                await self._after_wake(engine, before, measure=from_full_sleep)
-            except LifeguardError as exc:
-                no_room = isinstance(exc, InsufficientGpuMemory)
-                self._metrics.swap_finished(name, "no_room" if no_room else "failed", time.monotonic() - started)
-                refusal = exc if no_room else None
-                if _out_of_memory(exc):
-                    engine.footprint.forget_measure()
-                    refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
-                if refusal is not None:
-                    # Waiting out their deadline would not change it: the held requests get the reason now.
-                    engine.gate.refuse_held(refusal)
-                raise
-            self._metrics.swap_finished(name, "ok", time.monotonic() - started)
-            return outcome
+        started = time.monotonic()
+        waiting_since = engine.gate.oldest_held_since
+        try:
+            await self._neighbours_turn(engine, call)
+            self._waits[name] = _Wait("its GPUs, behind earlier swaps or weight loads")
+            async with self._gpus(name, "wake_up"):
+                if coordinator.state is not State.SLEEPING:
+                    return await submit(call)  # the coordinator judges it: a no-op or a refusal
+                from_full_sleep = coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
+                try:
+                    await self._make_room(engine, call)
+                    self._waits[name] = _Wait("its own wake")
+                    before = await self._gpu.read()
+                    outcome = await submit(call)
+                    await self._after_wake(engine, before, measure=from_full_sleep)
+                except LifeguardError as exc:
+                    no_room = isinstance(exc, InsufficientGpuMemory)
+                    self._metrics.swap_finished(name, "no_room" if no_room else "failed", time.monotonic() - started)
+                    refusal = exc if no_room else None
+                    if _out_of_memory(exc):
+                        engine.footprint.forget_measure()
+                        refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
+                    if refusal is not None:
+                        # Waiting out their deadline would not change it: the held requests get the reason now.
+                        engine.gate.refuse_held(refusal)
+                    raise
+                now = time.monotonic()
+                self._awake_since[name] = now
+                waited = now - waiting_since if waiting_since is not None else None
+                self._metrics.swap_finished(name, "ok", now - started, waited=waited)
+                return outcome
+        finally:
+            self._waits.pop(name, None)
+
+    async def _neighbours_turn(self, engine: Engine, call: LifecycleCall) -> None:
+        """Before a wake asked for by held requests, the neighbour it would put to sleep serves its turn (no GPU
+        is locked meanwhile: a neighbour's own weight loads go on)."""
+        waiting_since = engine.gate.oldest_held_since
+        if waiting_since is None or engine.coordinator.state is not State.SLEEPING:
+            return  # a wake nobody waits for (a trainer's): at once
+        free = free_per_gpu(await self._gpu.read(), engine.config.gpus)
+        plan = plan_room(
+            engine.config.gpus, await self._wake_need(engine, call), free, list(self._neighbours(engine.name, set()))
+        )
+        if not isinstance(plan, Evict):
+            return
+        victim = self._engines[plan.victim]
+        if victim.coordinator.state is not State.RUNNING:
+            return
+        if victim.gate.inflight == 0 and victim.gate.last_activity <= waiting_since:
+            return  # unused since the requests began waiting: nothing to finish
+        ends = max(self._awake_since.get(victim.name, 0.0), waiting_since) + self._settings.swap_quantum_s
+        if (left := ends - time.monotonic()) > 0:
+            self._waits[engine.name] = _Wait(f"{victim.name} serves its turn", until=ends)
+            await asyncio.sleep(left)
 
     async def _make_room(self, engine: Engine, call: LifecycleCall) -> None:
         name, gpus = engine.name, engine.config.gpus
@@ -157,9 +207,7 @@ class Arbiter:
         need = await self._wake_need(engine, call)  # it sleeps on, its GPUs locked: only the others change
         while True:
             free = free_per_gpu(await self._gpu.read(), gpus)
-            plan = plan_room(
-                gpus, need, free, list(self._neighbours(name, tried)), may_drain=self._settings.drain_before_sleep_s > 0
-            )
+            plan = plan_room(gpus, need, free, list(self._neighbours(name, tried)))
             if isinstance(plan, Fits):
                 if refused and (need is None or free is None):
                     # Without numbers the wake was to follow only once every engine there slept.
@@ -171,8 +219,29 @@ class Arbiter:
             if not isinstance(plan, Evict):
                 raise InsufficientGpuMemory(f"engine {name} cannot be woken: {plan.why}")
             tried.add(plan.victim)
-            if not await self._put_to_sleep(self._engines[plan.victim], for_engine=name):
+            if not await self._swap_out(self._engines[plan.victim], for_engine=name):
                 refused.append(plan.victim)
+
+    async def _swap_out(self, victim: Engine, *, for_engine: str) -> bool:
+        """`victim` drained (new requests for it held, what it serves finished) and put to sleep."""
+        try:
+            if victim.coordinator.state is State.RUNNING:
+                victim.coordinator.swap_out(for_engine)
+                self._waits[for_engine] = _Wait(f"{victim.name} finishes what it serves")
+                timeout = self._settings.swap_drain_timeout_s
+                if not await victim.gate.wait_idle(timeout):
+                    log.warning(
+                        "%s still served %d request(s) after %g s of draining for %s; its sleep ends them",
+                        victim.name,
+                        victim.gate.inflight,
+                        timeout,
+                        for_engine,
+                        extra={"event": "swap_drain_timeout", "engine": victim.name, "for_engine": for_engine},
+                    )
+            self._waits[for_engine] = _Wait(f"{victim.name} falling asleep")
+            return await self._put_to_sleep(victim, for_engine=for_engine)
+        finally:
+            victim.coordinator.swap_out(None)
 
     async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level
@@ -323,6 +392,19 @@ class Arbiter:
                 }
                 for t in self._turns
             ],
+            "swap_quantum_s": self._settings.swap_quantum_s,
+            "waiting": {name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.gate.held},
+        }
+
+    def _waiting(self, engine: Engine, now: float) -> dict[str, Any]:
+        """An engine's held requests, and what the swap that would serve them waits for now."""
+        oldest = engine.gate.oldest_held_since
+        wait = self._waits.get(engine.name)
+        return {
+            "requests": engine.gate.held,
+            "oldest_wait_s": round(now - oldest, 3) if oldest is not None else None,
+            "swap_waits_for": wait.what if wait is not None else None,
+            "turn_left_s": round(max(wait.until - now, 0.0), 3) if wait is not None and wait.until else None,
         }
 
 

@@ -152,6 +152,12 @@ class Settings(BaseSettings):
     idle_sleep_after_s: float | None = Field(default=None, gt=0)
     idle_sleep_level: int = Field(default=1, ge=0, le=2)
     drain_before_sleep_s: float = Field(default=0.0, ge=0)
+    # Several engines on shared GPUs (proxy/arbiter.py): while requests for a sleeping engine wait, an awake
+    # neighbour serves its own requests this long (from when they began waiting, or from its own wake), then
+    # stops admitting, finishes what it serves and is put to sleep for them.
+    swap_quantum_s: float = Field(default=10.0, ge=0)
+    # How long a neighbour put to sleep for a swap may take to finish what it serves; its sleep ends the rest.
+    swap_drain_timeout_s: float = Field(default=60.0, ge=0)
 
     # --- shutdown
     shutdown_grace_s: float = Field(default=30.0, ge=0)

@@ -301,6 +301,11 @@ class LifecycleCoordinator:
         self._verifier.note_awake(memory)
         return True
 
+    def swap_out(self, for_engine: str | None) -> None:
+        """Hold new requests while this engine is drained to be put to sleep for `for_engine`'s turn (the
+        arbiter's swap); None: admit them again (the swap is over, or did not happen)."""
+        self.record.swap_out(for_engine)
+
     def end_forwarded_requests(self, why: str) -> None:
         """End every request forwarded and not answered yet (503 `aborted_by_sleep`), for any call after which
         what vLLM queued would not run as it was sent; their connections to vLLM are closed on return, so the

@@ -132,6 +132,11 @@ class RequestGate:
         return self._inflight
 
     @property
+    def oldest_held_since(self) -> float | None:
+        """When the request held longest arrived (time.monotonic()), if any is held."""
+        return self._held[0]._started if self._held else None
+
+    @property
     def admission(self) -> Admission:
         return self._admission
 

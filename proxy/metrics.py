@@ -323,7 +323,15 @@ class Metrics:
         )
         self._swap_durations = Histogram(
             "lifeguard_swap_duration_seconds",
-            "From a swap's start (its GPUs taken) to the engine awake and verified, sleeps of others included.",
+            "From a swap's start to the engine awake and verified: its neighbour's turn, drain and sleep included.",
+            e,
+            buckets=LIFECYCLE_BUCKETS,
+            registry=registry,
+        )
+        self._swap_waits = Histogram(
+            "lifeguard_swap_wait_seconds",
+            "How long the request that waited longest for a swap waited, from its arrival to its engine awake and "
+            "verified, observed per swap asked for by held requests.",
             e,
             buckets=LIFECYCLE_BUCKETS,
             registry=registry,
@@ -339,11 +347,15 @@ class Metrics:
         """A bug was caught at ``where`` (PROXY_ERROR_PLACES)."""
         self._proxy_error_children[where].inc()
 
-    def swap_finished(self, engine: str, outcome: str, seconds: float) -> None:
-        """A swap of ``engine`` ended with ``outcome`` (SWAP_OUTCOMES) after ``seconds``."""
-        self._engines[engine].swaps[outcome].inc()
+    def swap_finished(self, engine: str, outcome: str, seconds: float, *, waited: float | None = None) -> None:
+        """A swap of ``engine`` ended with ``outcome`` (SWAP_OUTCOMES) after ``seconds``; ``waited``: how long the
+        request it was asked for by that waited longest had waited, when held requests asked for it."""
+        series = self._engines[engine]
+        series.swaps[outcome].inc()
         if outcome == "ok":
-            self._engines[engine].swap_duration.observe(seconds)
+            series.swap_duration.observe(seconds)
+            if waited is not None:
+                series.swap_wait.observe(waited)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The registry as the scraper asked for it (Prometheus text or OpenMetrics), and its content type."""
@@ -388,6 +400,7 @@ class EngineMetrics:
         self._unknown_route_children: dict[tuple[str, str], Counter] = {}
         self.swaps = _bind(family._swaps, engine, SWAP_OUTCOMES)
         self.swap_duration = family._swap_durations.labels(engine)
+        self.swap_wait = family._swap_waits.labels(engine)
 
     # --- state
 

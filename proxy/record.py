@@ -114,7 +114,16 @@ class EngineRecord:
         self._facts = replace(self._facts, **facts)
         self._on_view_change()
 
+    @property
+    def swapping_out_for(self) -> str | None:
+        return self._facts.swapping_out_for
+
     # ----- facts the coordinator establishes
+    def swap_out(self, for_engine: str | None) -> None:
+        """Drained for another engine's turn (new requests held), or (None) no longer."""
+        if self._facts.swapping_out_for != for_engine:
+            self._set(swapping_out_for=for_engine)
+
     def fell_asleep(self, level: int, *, confirmed: bool = True) -> None:
         self._set(sleep_level=level, asleep_tags=asleep_tags_for(level), sleep_unconfirmed=not confirmed)
         if level == 2:
@@ -310,6 +319,7 @@ class EngineRecord:
             "weight_update_active": self.weight_update_active,
             "weights_stale": self.weights_stale is not None,
             "weights_stale_reason": self.weights_stale,
+            "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
             "transitions": list(self.history),
             "drift_events": list(self.drift_events),

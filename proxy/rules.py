@@ -49,6 +49,8 @@ class EngineView:
     # Asleep by vLLM's flags, but the GPUs showed nothing freed: maybe only paused (a sleep that lied),
     # maybe asleep without freeing. A repeat is sent again rather than answered from this belief.
     sleep_unconfirmed: bool = False
+    # Being drained to be put to sleep for another engine's turn (proxy/arbiter.py): the engine it is for.
+    swapping_out_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,8 +196,10 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.FAILED:
         return Admission.REJECT_FAILED
     if view.state is State.RUNNING:
-        if view.weights_stale is Staleness.DISCARDED or (
-            view.weights_stale is Staleness.RESTARTED and hold_while_restarted
+        if (
+            view.swapping_out_for is not None
+            or view.weights_stale is Staleness.DISCARDED
+            or (view.weights_stale is Staleness.RESTARTED and hold_while_restarted)
         ):
             return Admission.HOLD
         return Admission.FORWARD

@@ -136,16 +136,16 @@ def free_per_gpu(reading: GpuReading, gpus: Iterable[int]) -> dict[int, int] | N
     return free
 
 
-def eviction_order(gpus: tuple[int, ...], neighbours: Iterable[Neighbour], *, may_drain: bool) -> list[Neighbour]:
-    """The engines that may be put to sleep to make room on `gpus`, least recently used first: awake or
-    asleep at level 0. Never a pinned one, one in a weight update, one with held requests, nor (unless
-    requests may be drained first) one with requests in flight; those with requests in flight come last."""
+def eviction_order(gpus: tuple[int, ...], neighbours: Iterable[Neighbour]) -> list[Neighbour]:
+    """The engines that may be put to sleep to make room on `gpus`: awake or asleep at level 0, never a pinned
+    one nor one in a weight update. Idle ones first, least recently used first; one serving requests is
+    drained before its sleep (the arbiter lets it serve its turn first)."""
     shared = set(gpus)
-    eligible = [n for n in neighbours if shared & set(n.gpus) and why_it_stays(n, may_drain=may_drain) is None]
-    return sorted(eligible, key=lambda n: (n.inflight > 0, n.last_used, n.name))
+    eligible = [n for n in neighbours if shared & set(n.gpus) and why_it_stays(n) is None]
+    return sorted(eligible, key=lambda n: (n.inflight > 0 or n.held > 0, n.last_used, n.name))
 
 
-def why_it_stays(n: Neighbour, *, may_drain: bool) -> str | None:
+def why_it_stays(n: Neighbour) -> str | None:
     """Why `n` may not be put to sleep to make room (None: it may), as the refusal names it."""
     if n.residency not in SLEEPABLE:
         return _STAYS[n.residency]
@@ -153,10 +153,6 @@ def why_it_stays(n: Neighbour, *, may_drain: bool) -> str | None:
         return "pinned"
     if n.busy:
         return "in a weight update, or it failed to sleep"
-    if n.held:
-        return f"{n.held} request(s) held for it"
-    if n.inflight and not may_drain:
-        return f"serving {n.inflight} request(s)"
     return None
 
 
@@ -174,15 +170,13 @@ def plan_room(
     need_bytes: int | None,
     free: Mapping[int, int] | None,
     neighbours: Iterable[Neighbour],
-    *,
-    may_drain: bool,
 ) -> Plan:
     """What to do before a wake on `gpus` that adds `need_bytes` (over all its GPUs, `wake_need`; None: not
     known yet). Unknown need or unknown free memory: every engine that may sleep does, first."""
     if need_bytes == 0:
         return Fits()
     neighbours = list(neighbours)
-    order = eviction_order(gpus, neighbours, may_drain=may_drain)
+    order = eviction_order(gpus, neighbours)
     if need_bytes is None or free is None:
         if order:
             return Evict(order[0].name)
@@ -192,7 +186,7 @@ def plan_room(
         if staying:
             unknown = "its footprint" if need_bytes is None else "the GPUs' free memory"
             return NoRoom(
-                f"{unknown} is not known, and on the same GPU {_staying(staying, may_drain)} keeps its memory and "
+                f"{unknown} is not known, and on the same GPU {_staying(staying)} keeps its memory and "
                 "cannot be put to sleep"
             )
         return Fits()
@@ -205,7 +199,7 @@ def plan_room(
         there = [n for n in neighbours if n.holds_memory and worst in n.gpus]
         return NoRoom(
             f"it needs {_gib(per_gpu)} on GPU {worst}, {_gib(free.get(worst, 0))} is free, and no engine there "
-            f"may be put to sleep ({_staying(there, may_drain) or 'none holds memory'})"
+            f"may be put to sleep ({_staying(there) or 'none holds memory'})"
         )
     if all(n.footprint_bytes is not None for n in order):
         for g, missing in short.items():
@@ -218,10 +212,8 @@ def plan_room(
     return Evict(order[0].name)
 
 
-def _staying(neighbours: list[Neighbour], may_drain: bool) -> str:
-    return ", ".join(
-        f"{n.name} ({why_it_stays(n, may_drain=may_drain)})" for n in sorted(neighbours, key=lambda n: n.name)
-    )
+def _staying(neighbours: list[Neighbour]) -> str:
+    return ", ".join(f"{n.name} ({why_it_stays(n)})" for n in sorted(neighbours, key=lambda n: n.name))
 
 
 def _gib(n: float) -> str:
