@@ -60,7 +60,7 @@ def create_app(
     (proxy/engines.py) mount one each at `mount`, and `on_engine` is told each one's coordinator and gate."""
     if settings.upstream is None or not settings.upstream.startswith(("http://", "https://")):
         raise ValueError("create_app needs settings.upstream as an http(s) URL (the CLI starts the simulator)")
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=settings.largest_body_limit, middlewares=[error_middleware])
     metrics = Metrics(
         registry if registry is not None else CollectorRegistry(),
         version=__version__,

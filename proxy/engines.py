@@ -51,7 +51,7 @@ def create_engines_app(settings: Settings, *, gpu: GpuMemoryReader | None = None
     """The top-level application of several engines; `settings.engines` must not be empty."""
     if not settings.engines:
         raise ValueError("create_engines_app needs settings.engines")
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=settings.largest_body_limit, middlewares=[error_middleware])
     registry = CollectorRegistry()
     arbiter = Arbiter(
         settings,

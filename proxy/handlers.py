@@ -222,28 +222,33 @@ _ROUTE_CLASS = {kind: "passthrough" for kind in RouteKind} | {
 }
 
 
-async def read_body(request: web.Request, settings: Settings) -> bytes:
-    """The whole body, within `max_body_bytes` and `client_body_timeout_s` (read once; later reads are cached)."""
+async def read_body(request: web.Request, settings: Settings, limit: int | None = None) -> bytes:
+    """The whole body, within `limit` (default `max_body_bytes`) and `client_body_timeout_s` (read once; later
+    reads are cached)."""
+    limit = settings.max_body_bytes if limit is None else limit
     declared = request.content_length
-    if declared is not None and declared > settings.max_body_bytes:
+    if declared is not None and declared > limit:
         # Refused before a byte is read; the body is still on the wire, so the connection cannot be reused.
         raise BodyTooLarge(
-            f"the request body ({declared} bytes) exceeds the limit of {settings.max_body_bytes} bytes",
+            f"the request body ({declared} bytes) exceeds the limit of {limit} bytes",
             close_connection=True,
         )
     timeout = settings.client_body_timeout_s
     try:
         async with asyncio.timeout(timeout):
-            return await request.read()
+            body = await request.read()  # chunked: bounded by the app's client_max_size, the largest limit
     except TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {timeout:g} s") from None
+    if len(body) > limit:
+        raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+    return body
 
 
 async def _lifecycle(request: web.Request, app: web.Application, target: Target) -> web.Response:
     op = LIFECYCLE_PATHS[target.path.rstrip("/")]
     try:
         _admitted_before_body(request, app[SETTINGS])
-        body = await read_body(request, app[SETTINGS])
+        body = await read_body(request, app[SETTINGS], app[SETTINGS].body_limit(op))
         call = parse_call(op, request.query.items(), body)
     except LifeguardError as exc:
         # Refused before the coordinator sees it; still an operation outcome users want on the dashboard.
