@@ -66,3 +66,20 @@ client_site() {
   ) 9>"$site.lock" || return 1
   echo "$site"
 }
+
+# skyrl04_venv DIR: the venv SkyRL 0.4.0's tests run in (Python >= 3.12, scripts/clients-python.sh must be
+# sourced), with the project and its test extra; remade when pyproject.toml or the interpreter changes.
+skyrl04_venv() {
+  local venv=$1 python stamp
+  python=$(clients_python) || return 1
+  stamp="$python $(sha256sum pyproject.toml | cut -c1-16)"
+  if [[ -f $venv/.installed && $(cat "$venv/.installed") == "$stamp" ]]; then
+    return 0
+  fi
+  echo "[clients-site] creating $venv with $python" >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv" || return 1
+  "$venv/bin/pip" install -q --disable-pip-version-check -e '.[test]' \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2 || return 1
+  echo "$stamp" > "$venv/.installed"
+}

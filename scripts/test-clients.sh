@@ -38,24 +38,10 @@ LIFEGUARD_CLIENTS_SITE=$SITE "$BIN/pytest" -m clients tests/clients --ignore "$S
   --durations=6 "$@" || rc=$?
 log "setup ${t_setup}s, tests/clients (Python 3.11 group) $((SECONDS - t1))s (rc=$rc)"
 
-# The SkyRL 0.4.0 group: its venv is remade when pyproject.toml or the interpreter changes.
+# The SkyRL 0.4.0 group, in its own venv (scripts/clients-site.sh: skyrl04_venv).
 t2=$SECONDS
 rc04=0
-skyrl04_venv() {
-  local python stamp
-  python=$(clients_python) || return 1
-  stamp="$python $(sha256sum pyproject.toml | cut -c1-16)"
-  if [[ -f $SKYRL04_VENV/.installed && $(cat "$SKYRL04_VENV/.installed") == "$stamp" ]]; then
-    return 0
-  fi
-  log "creating $SKYRL04_VENV with $python"
-  rm -rf "$SKYRL04_VENV"
-  "$python" -m venv "$SKYRL04_VENV" || return 1
-  "$SKYRL04_VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]' \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2 || return 1
-  echo "$stamp" > "$SKYRL04_VENV/.installed"
-}
-if skyrl04_venv && SITE04=$(client_site "$SKYRL04_VENV/bin" skyrl04); then
+if skyrl04_venv "$SKYRL04_VENV" && SITE04=$(client_site "$SKYRL04_VENV/bin" skyrl04); then
   t_setup04=$((SECONDS - t2))
   t3=$SECONDS
   LIFEGUARD_CLIENTS_SITE=$SITE04 "$SKYRL04_VENV/bin/pytest" -m clients "$SKYRL04_TESTS" -q -rfEs --durations=6 \
