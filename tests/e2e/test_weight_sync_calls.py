@@ -122,3 +122,28 @@ async def test_a_weight_push_may_be_larger_than_an_inference_body(make_stack: An
     beyond = await post(stack, "/collective_rpc", data=io.BytesIO(b" " * (2 * 1024 * 1024)))
     assert beyond.status == 413 and beyond.headers["X-Lifeguard-Reason"] == "body_too_large"
     assert stack.sim.violations == []
+
+
+async def test_a_round_armed_for_a_lora_adapter_builds_it_and_leaves_the_models_weights_as_they_were(
+    make_stack: Any, tmp_path: Any
+) -> None:
+    """SkyRL 0.4.0's `lora.sync_mode=memory` (megatron_worker.py): arm the round, push the adapter's tensors
+    through the weight transfer, then register it from them."""
+    lora = SimSettings(**{**SKYRL.__dict__, "enable_lora": True})
+    stack = await make_stack(sim=lora)
+    assert (await post(stack, "/init_weight_transfer_engine", json={"init_info": {}})).status == 200
+    await post(stack, "/sleep?level=2")  # the base weights discarded: only the model's own push brings them back
+    await post(stack, "/wake_up?tags=weights")
+    target = {"receive_target": {"kind": "lora", "lora_name": "skyrl-lora", "adapter_config": {}, "aliases": {}}}
+    assert (await post(stack, "/collective_rpc", **rpc("skyrl_set_lora_receive_target", **target))).status == 200
+    assert (await post(stack, "/start_weight_update")).status == 200
+    assert (await stack.state())["weight_update_target"] == "lora_adapter"
+    assert (await post(stack, "/update_weights", json={"update_info": {"names": ["lora_A"]}})).status == 200
+    assert (await post(stack, "/finish_weight_update")).status == 200
+    assert (await stack.state())["weights_stale_reason"] == "discarded"
+    loaded = await post(stack, "/skyrl/v1/load_lora_adapter", json={"lora_name": "skyrl-lora", "in_memory": True})
+    assert loaded.status == 200, await loaded.text()
+    assert stack.sim.lora_adapters == {"skyrl-lora": "skyrl-memory://skyrl-lora"}
+    gone = await post(stack, "/collective_rpc", **rpc("skyrl_discard_in_memory_lora", lora_name="skyrl-lora"))
+    assert gone.status == 200 and stack.sim.staged_adapters == set()
+    assert stack.sim.violations == []
