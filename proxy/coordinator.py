@@ -257,7 +257,9 @@ class LifecycleCoordinator:
         if isinstance(decision, Defer):
             self.record.paused_by_user(call.mode or "abort")
             return answered_by_us(decision.body, deferred=True)
-        if call.rpc_kind in (RpcKind.SLEEP_FOR_SYNC, RpcKind.WAKE_FOR_SYNC):
+        if call.rpc_kind is RpcKind.SLEEP_FOR_SYNC or (
+            call.rpc_kind is RpcKind.WAKE_FOR_SYNC and self.record.asleep_outside_vllm
+        ):
             return await self._sleep.run_worker_rpc(call)
         if call.op in WEIGHT_OPERATIONS:
             return from_vllm(await self._weights.run(call), None)

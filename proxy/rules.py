@@ -217,7 +217,9 @@ def _judge_wake_for_sync(call: LifecycleCall, view: EngineView) -> Decision:
                 "memory behind vLLM's executor, which would still believe it asleep",
             )
         )
-    return Noop(noop_reply())  # nothing asleep: mapping a mapped pool again is CUDA's error, not a wake
+    # Nothing we know of is asleep, but a worker sleep we did not see (a proxy restarted without its state file)
+    # reads exactly the same: vLLM's own answer decides, and the call changes nothing of ours.
+    return Run()
 
 
 def _asleep_outside_vllm(op: str) -> LifeguardError:

@@ -150,7 +150,9 @@ def test_wake_for_weight_sync_wakes_only_what_the_worker_put_to_sleep() -> None:
     assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), IN_WORKER), Run)
     assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["kv_cache"]), KV_IN_WORKER), Run)
     assert judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), KV_IN_WORKER) == Noop({"results": [None]})
-    assert judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), KEPT) == Noop({"results": [None]})
+    # Nothing known asleep: a worker sleep the proxy did not see (restarted without its state file) reads the
+    # same, so vLLM's own answer decides.
+    assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), KEPT), Run)
     # Pools vLLM's own /sleep freed are woken by /wake_up, or vLLM's executor would still believe them asleep.
     assert reason(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), ASLEEP_1)) == "engine_asleep"
 
