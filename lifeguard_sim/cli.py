@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("skyrl", "areal"),
         help="also serve that trainer's own server-wrapper routes and worker-extension RPCs (repeatable)",
     )
+    add(
+        "--draft-model",
+        action="store_true",
+        help="a speculative-decoding drafter is loaded (vLLM: --speculative-config): /start_draft_weight_update "
+        "opens a weight update session on it",
+    )
+    add(
+        "--fp8-kv-cache",
+        action="store_true",
+        help="an FP8 KV cache on vLLM >= 0.26: after weights are discarded (a level-2 sleep, SkyRL's worker sleep), "
+        "_q_scale stays 0.0 and every completion has NaN logprobs until a reload_weights or a restart",
+    )
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
@@ -147,6 +159,8 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         enable_scale_out=args.enable_scale_out,
         enable_lora=args.enable_lora,
         trainer_servers=tuple(args.trainer_server),
+        draft_model=args.draft_model,
+        fp8_kv_cache=args.fp8_kv_cache,
     )
 
 

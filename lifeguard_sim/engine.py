@@ -32,10 +32,23 @@ from lifeguard_sim.settings import SimSettings
 from lifeguard_sim.shared_gpu import SharedGpuFile
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
-# The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/).
+# The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/):
+# 0.3.0's weight push, and 0.4.0's NewInferenceWorkerWrap (the push itself moved to vLLM's native routes).
 SKYRL_WORKER_RPCS = frozenset(
-    {"skyrl_start_weight_update", "update_weights_ipc", "update_weights_nccl", "skyrl_finish_weight_update"}
+    {
+        "skyrl_start_weight_update",
+        "update_weights_ipc",
+        "update_weights_nccl",
+        "skyrl_finish_weight_update",
+        "fetch_weights",
+        "skyrl_sleep_for_weight_sync",
+        "skyrl_wake_for_weight_sync",
+        "skyrl_set_lora_receive_target",
+        "skyrl_discard_in_memory_lora",
+    }
 )
+# SkyRL's marker path for an adapter built from tensors a weight update staged (weight_sync/lora_target.py).
+IN_MEMORY_LORA_PREFIX = "skyrl-memory://"
 _AWAKE_METRIC = (1, 0, 0)
 # vLLM's /pause handler sleeps 20 ms after the engine acknowledges, to let outputs flush.
 _PAUSE_FLUSH_SECONDS = 0.02
@@ -74,7 +87,17 @@ class Engine:
         self.sleep_level: int | None = None
         self.weights_valid = True
         self.weight_update_active = False
+        self.weight_update_draft = False  # the open session writes the drafter (/start_draft_weight_update)
+        self.draft_weight_writes = 0
         self.weight_transfer_initialized = False
+        # SkyRL 0.4.0's worker extension: pools its allocator sleep freed behind the executor, checkpoint-delta
+        # versions fetched to disk, the LoRA adapter the next round builds, and adapters staged by such rounds.
+        self.worker_asleep: set[str] = set()
+        self.fetched_versions: set[int] = set()
+        self.lora_round_target: str | None = None
+        self.staged_adapters: set[str] = set()
+        # fp8_kv_cache: the attention layers' _q_scale was lost with discarded weights (a broadcast does not carry it).
+        self.q_scale_lost = False
         self.weight_version = "default"
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
@@ -104,6 +127,11 @@ class Engine:
         return self.executor_tags | ({"scheduling"} if self.scheduling_asleep else set())
 
     @property
+    def memory_asleep(self) -> set[str]:
+        """Pools not mapped: asleep through vLLM's executor, or through SkyRL's worker extension behind it."""
+        return self.executor_tags | self.worker_asleep
+
+    @property
     def is_paused(self) -> bool:
         return self.scheduler.pause_state is not PauseState.UNPAUSED
 
@@ -123,6 +151,12 @@ class Engine:
             "process_gone": self.scheduler.gone,
             "weights_valid": self.weights_valid,
             "weight_update_active": self.weight_update_active,
+            "weight_update_draft": self.weight_update_draft,
+            "draft_weight_writes": self.draft_weight_writes,
+            "worker_asleep": sorted(self.worker_asleep),
+            "fetched_versions": sorted(self.fetched_versions),
+            "staged_adapters": sorted(self.staged_adapters),
+            "q_scale_lost": self.q_scale_lost,
             "weight_version": self.weight_version,
             "weight_writes": self.weight_writes,
             "garbage": self.garbage,
@@ -271,6 +305,7 @@ class Engine:
                     self.sleep_level = level
                     if level >= 2:
                         self.weights_valid = False
+                        self.q_scale_lost = self.settings.fp8_kv_cache
                     if self.settings.sleep_mode and fired.kind != "lie-memory":
                         # Level 1 offloads the weights to CPU memory; level 2 discards them.
                         offload = {"weights"} if level == 1 else set()
@@ -288,6 +323,9 @@ class Engine:
             await asyncio.sleep(self.settings.wake_seconds)
             claimed = "awake"
         else:
+            if self.worker_asleep:
+                freed = sorted(self.worker_asleep)
+                self.violate("wake_up_while_worker_asleep", f"/wake_up resumed scheduling with {freed} freed")
             async with self._lock:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
                 # Executor.wake_up is all or nothing: one tag that is not asleep makes the call a no-op.
@@ -349,8 +387,8 @@ class Engine:
     async def resume(self) -> dict[str, object]:
         fired = await self.enter("resume")
         if fired.kind != "lie-asleep":
-            if self.executor_tags:
-                self.violate("resume_while_asleep", f"/resume while {sorted(self.executor_tags)} asleep")
+            if self.memory_asleep:
+                self.violate("resume_while_asleep", f"/resume while {sorted(self.memory_asleep)} asleep")
             self.scheduling_asleep = False
             if not self.executor_tags:
                 self.sleep_level = None
@@ -363,37 +401,90 @@ class Engine:
         self.check_alive()
         return {"status": "aborted", "aborted": self.scheduler.abort(set(ids) if ids else None)}
 
+    async def fetch_weights(self, target_version: int) -> dict[str, object]:
+        """SkyRL's /fetch_weights: the checkpoint delta downloaded and applied to the workers' files on disk
+        (weight_sync/delta/): no GPU memory, so it runs awake, paused or asleep alike."""
+        fired = await self.enter("fetch_weights")
+        if not self.weight_transfer_initialized:
+            raise errors.worker_failed("DeltaWeightTransferEngine has not been initialized")
+        self.fetched_versions.add(target_version)
+        self.after(fired)
+        return {"status": "ok", "target_version": target_version, "stats": {"fetch_s": 0.0}}
+
     def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
         self.counters["reset_prefix_cache"] += 1
         self.check_alive()
         return {"success": reset_running or self.scheduler.running == 0}
 
     # --- weights
-    async def collective_rpc(self, method: str) -> dict[str, object] | None:
+    async def collective_rpc(self, method: str, kwargs: dict[str, object] | None = None) -> dict[str, object] | None:
         fired = await self.enter("collective_rpc")
         if method in SKYRL_WORKER_RPCS and "skyrl" in self.settings.trainer_servers:
-            self._skyrl_rpc(method, fired)
+            await self._skyrl_rpc(method, kwargs or {}, fired)
             return None
         if method != "reload_weights":
             raise errors.worker_failed(f"'Worker' object has no attribute '{method}'")
         if fired.kind != "lie-asleep":
-            if "weights" in self.executor_tags:
+            if "weights" in self.memory_asleep:
                 self.violate("reload_weights_while_asleep", "reload_weights while weights asleep")
             else:
                 self.weights_valid = True
                 self.garbage = False
+                self.q_scale_lost = False  # the checkpoint's scales come back with it
         self.after(fired)
         return None
 
-    def _skyrl_rpc(self, method: str, fired: Fired) -> None:
-        """SkyRL's worker extension (NewInferenceWorkerWrap): its weight pushes write the weights in place."""
-        if "weights" in self.executor_tags:
+    async def _skyrl_rpc(self, method: str, kwargs: dict[str, object], fired: Fired) -> None:
+        """SkyRL's worker extension: 0.3.0's weight pushes write the weights in place; 0.4.0's
+        NewInferenceWorkerWrap sleeps and wakes the allocator's pools, and arms LoRA rounds."""
+        if method == "skyrl_sleep_for_weight_sync":
+            await self._worker_sleep(bool(kwargs.get("offload_kv", True)), fired)
+        elif method == "skyrl_wake_for_weight_sync":
+            raw = kwargs.get("tags")
+            await self._worker_wake({"weights", "kv_cache"} if raw is None else set(cast(list[str], raw)), fired)
+        elif method == "skyrl_set_lora_receive_target":
+            target = kwargs.get("receive_target")
+            if not self.weight_transfer_initialized:
+                raise errors.worker_failed("Weight transfer not configured: set weight_transfer_config on the engine.")
+            if not isinstance(target, dict) or not target.get("lora_name"):
+                raise errors.worker_failed("receive_target needs a lora_name")
+            self.lora_round_target = str(target["lora_name"])
+        elif method == "skyrl_discard_in_memory_lora":
+            self.staged_adapters.discard(str(kwargs.get("lora_name")))
+        elif method == "fetch_weights":
+            await self.fetch_weights(int(cast(int, kwargs.get("target_version"))))
+        elif "weights" in self.memory_asleep:
             self.violate(f"{method}_while_weights_asleep", f"{method} while the weights are asleep")
         elif method == "skyrl_finish_weight_update" and fired.kind != "lie-asleep":
             self.weights_valid = True
             self.garbage = False
             self.weight_writes += 1
         self.after(fired)
+
+    async def _worker_sleep(self, offload_kv: bool, fired: Fired) -> None:
+        """`skyrl_sleep_for_weight_sync`: the allocator's pools freed directly, the executor and the scheduler
+        untouched (so vLLM's flags do not change); the weights are discarded, the KV cache offloaded or not."""
+        if not self.is_paused:
+            self.violate("worker_sleep_while_scheduling", "skyrl_sleep_for_weight_sync under a running scheduler")
+        if fired.kind == "lie-asleep":
+            return
+        pools = {"weights", "kv_cache"} - self.executor_tags - self.worker_asleep
+        self.worker_asleep |= pools
+        self.weights_valid = False
+        self.q_scale_lost = self.settings.fp8_kv_cache
+        if self.settings.sleep_mode and fired.kind != "lie-memory":
+            await asyncio.sleep(self.settings.sleep_seconds)
+            await self._move(lambda: self.memory.release(pools, offload={"kv_cache"} if offload_kv else set()))
+
+    async def _worker_wake(self, tags: set[str], fired: Fired) -> None:
+        """`skyrl_wake_for_weight_sync`: maps the pools back; the scheduler stays as it was."""
+        if fired.kind == "lie-asleep":
+            return
+        woken = tags & self.worker_asleep
+        self.worker_asleep -= woken
+        if woken and fired.kind != "lie-memory":
+            await asyncio.sleep(self.settings.wake_seconds)
+            await self._move(lambda: self.memory.restore(woken))
 
     # --- LoRA adapters (vLLM's OpenAIServingModels.load_lora_adapter / unload_lora_adapter)
     async def load_lora_adapter(self, name: str, path: str, *, in_place: bool) -> str:
@@ -405,10 +496,14 @@ class Engine:
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, "
                 "set 'load_inplace' to True."
             )
-        if not (Path(path) / "adapter_config.json").is_file():
+        if path.startswith(IN_MEMORY_LORA_PREFIX):
+            if path.removeprefix(IN_MEMORY_LORA_PREFIX) not in self.staged_adapters:
+                message = f"Loading lora {name} failed: no adapter tensors were staged for it"
+                raise errors.EngineHTTPError(404, errors.openai_error(message, "NotFoundError", 404))
+        elif not (Path(path) / "adapter_config.json").is_file():
             message = f"Loading lora {name} failed: No adapter found for {path}"
             raise errors.EngineHTTPError(404, errors.openai_error(message, "NotFoundError", 404))
-        if "weights" in self.executor_tags:
+        if "weights" in self.memory_asleep:
             self.violate("lora_load_while_weights_asleep", f"LoRA {name} loaded while the weights are asleep")
         self.lora_adapters[name] = path
         self.after(fired)
@@ -430,22 +525,36 @@ class Engine:
         self.weight_transfer_initialized = True
         return {"message": "Weight transfer initialized"}
 
-    async def start_weight_update(self) -> dict[str, object]:
+    async def start_weight_update(self, *, draft: bool = False) -> dict[str, object]:
+        """vLLM 0.32 `Worker._start_weight_update`: one session at a time, on the model or on its drafter."""
         fired = await self.enter("start_weight_update")
+        if draft and not self.settings.draft_model:
+            raise errors.worker_failed("Draft model weight update requested, but no draft model is configured.")
         if self.weight_update_active:
-            raise errors.worker_failed("A weight update is already in progress. Call finish_weight_update first.")
+            raise errors.worker_failed(
+                "start_weight_update called while a weight update is already active. Call finish_weight_update first."
+            )
         if fired.kind != "lie-asleep":
             self.weight_update_active = True
+            self.weight_update_draft = draft
         self.after(fired)
-        return {"message": "Weight update started"}
+        return {"message": "Draft weight update started" if draft else "Weight update started"}
 
-    async def update_weights(self) -> dict[str, object]:
+    async def update_weights(self, update_info: dict[str, object] | None = None) -> dict[str, object]:
         fired = await self.enter("update_weights")
         if not self.weight_update_active:
             raise errors.worker_failed("start_weight_update must be called before update_weights.")
-        if "weights" in self.executor_tags:
+        if "weights" in self.memory_asleep:
             self.violate("update_weights_while_asleep", "/update_weights while weights asleep")
-        self.weight_writes += 1
+        version = (update_info or {}).get("target_version")
+        if version is not None and int(cast(int, version)) not in self.fetched_versions:
+            # SkyRL's DeltaWeightTransferEngine: LocalCheckpointStore.validate_ready before the reload.
+            self.weight_update_active = False
+            raise errors.worker_failed(f"delta checkpoint version {version} was not fetched (/fetch_weights first)")
+        if self.weight_update_draft:
+            self.draft_weight_writes += 1
+        elif self.lora_round_target is None:
+            self.weight_writes += 1
         self.after(fired)
         return {"message": "Weights updated"}
 
@@ -455,8 +564,14 @@ class Engine:
             raise errors.worker_failed("finish_weight_update called without a matching start_weight_update.")
         if fired.kind != "lie-asleep":
             self.weight_update_active = False
-            self.weights_valid = True
-            self.garbage = False
+            if self.weight_update_draft:
+                self.weight_update_draft = False  # the drafter's weights: the model's stay as they are
+            elif self.lora_round_target is not None:
+                self.staged_adapters.add(self.lora_round_target)  # SkyRL's receive engine disarms at finish
+                self.lora_round_target = None
+            else:
+                self.weights_valid = True
+                self.garbage = False
             if version is not None:
                 self.weight_version = version
         self.after(fired)

@@ -20,6 +20,7 @@ OPS: tuple[str, ...] = (
     "update_weights",
     "finish_weight_update",
     "collective_rpc",
+    "fetch_weights",
     "generate",
 )
 

@@ -97,12 +97,12 @@ async def generate(
 
 
 def _check_run_safety(engine: Engine, req: SimRequest) -> None:
-    if engine.executor_tags:
-        asleep = sorted(engine.executor_tags)
+    if engine.memory_asleep:
+        asleep = sorted(engine.memory_asleep)
         engine.violate("generate_ran_while_asleep", f"{req.request_id} ran with {asleep} asleep")
 
 
 def _quality(engine: Engine) -> Quality:
-    if engine.garbage:
+    if engine.garbage or (engine.q_scale_lost and engine.weights_valid):
         return Quality.DEGENERATE
     return Quality.NORMAL if engine.weights_valid else Quality.GARBLED

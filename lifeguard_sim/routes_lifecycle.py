@@ -133,9 +133,19 @@ async def abort_requests(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
+    engine = request.app[SIM_ENGINE]
+    if "skyrl" in engine.settings.trainer_servers:
+        # SkyRL's server wrapper (vllm_server_actor.py) replaces the route: a JSON body, {"status": "ok"}.
+        try:
+            body = json.loads((await request.read()) or b"{}")
+        except ValueError:
+            body = {}
+        running = bool(body.get("reset_running_requests", False)) if isinstance(body, dict) else False
+        engine.reset_prefix_cache(running)
+        return _ok({"status": "ok"})
     reset_running = _bool_query(request, "reset_running_requests", False)
     _bool_query(request, "reset_external", False)
-    return _ok(request.app[SIM_ENGINE].reset_prefix_cache(reset_running))
+    return _ok(engine.reset_prefix_cache(reset_running))
 
 
 async def reset_other_cache(request: web.Request) -> web.Response:
@@ -146,7 +156,8 @@ async def reset_other_cache(request: web.Request) -> web.Response:
 async def collective_rpc(request: web.Request) -> web.Response:
     body = await _json_object(request)
     method = _required(body, "method")
-    result = await request.app[SIM_ENGINE].collective_rpc(str(method))
+    kwargs = body.get("kwargs")
+    result = await request.app[SIM_ENGINE].collective_rpc(str(method), kwargs if isinstance(kwargs, dict) else None)
     return web.Response(status=200) if result is None else _ok(result)
 
 
@@ -160,10 +171,14 @@ async def start_weight_update(request: web.Request) -> web.Response:
     return _ok(await request.app[SIM_ENGINE].start_weight_update())
 
 
+async def start_draft_weight_update(request: web.Request) -> web.Response:
+    return _ok(await request.app[SIM_ENGINE].start_weight_update(draft=True))
+
+
 async def update_weights(request: web.Request) -> web.Response:
     body = await _json_object(request)
-    _required(body, "update_info")
-    return _ok(await request.app[SIM_ENGINE].update_weights())
+    update_info = _required(body, "update_info")
+    return _ok(await request.app[SIM_ENGINE].update_weights(update_info if isinstance(update_info, dict) else None))
 
 
 async def finish_weight_update(request: web.Request) -> web.Response:
@@ -235,6 +250,7 @@ def add_routes(app: web.Application) -> None:
         "/collective_rpc": collective_rpc,
         "/init_weight_transfer_engine": init_weight_transfer_engine,
         "/start_weight_update": start_weight_update,
+        "/start_draft_weight_update": start_draft_weight_update,
         "/update_weights": update_weights,
         "/finish_weight_update": finish_weight_update,
         "/update_weight_version": update_weight_version,

@@ -45,3 +45,10 @@ class SimSettings:
     # Routes and worker-extension RPCs that trainers add with their own vLLM server wrapper
     # (lifeguard_sim/trainer_servers.py): any of "skyrl", "areal".
     trainer_servers: Sequence[str] = field(default_factory=tuple)
+    # vLLM started with a speculative-decoding drafter (--speculative-config, MTP): /start_draft_weight_update
+    # opens a session on it; without one vLLM 0.32's worker refuses it.
+    draft_model: bool = False
+    # An FP8 KV cache on vLLM >= 0.26 (SkyRL 0.4.0, inference_servers/vllm_compat.py): discarded weights take the
+    # attention layers' _q_scale with them, the KV cache's wake resets only _k_scale/_v_scale, and every later
+    # completion has NaN logprobs, weights pushed or not; only a reload from the checkpoint or a restart clears it.
+    fp8_kv_cache: bool = False

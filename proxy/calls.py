@@ -8,11 +8,11 @@ parameters. A bad parameter is answered as vLLM 0.32's FastAPI validation answer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import BadParameter
+from .worker_rpcs import RpcKind, WorkerRpc, classify
 
 SLEEP_LEVELS = (0, 1, 2)
 MODES = ("abort", "wait", "keep")
@@ -32,6 +32,12 @@ class LifecycleCall:
     mode: str | None = None
     tags: tuple[str, ...] | None = None
     rpc_method: str | None = None
+    # What a /collective_rpc does to the engine (proxy/worker_rpcs.py); None: a plain method.
+    rpc: WorkerRpc | None = None
+
+    @property
+    def rpc_kind(self) -> RpcKind:
+        return self.rpc.kind if self.rpc is not None else RpcKind.PLAIN
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...], bytes]:
@@ -59,7 +65,8 @@ def parse_call(op: str, query: Iterable[tuple[str, str]], body: bytes) -> Lifecy
             sent.append(("clear_cache", "true" if clear_cache else "false"))
         return LifecycleCall(op, tuple(sent), mode=mode)
     if op == "collective_rpc":
-        return LifecycleCall(op, tuple(pairs), body, rpc_method=_rpc_method(body))
+        rpc = classify(body)
+        return LifecycleCall(op, tuple(pairs), body, rpc_method=rpc.method, rpc=rpc)
     return LifecycleCall(op, tuple(pairs), body)
 
 
@@ -107,14 +114,3 @@ def _bool(pairs: list[tuple[str, str]], name: str) -> bool | None:
     if raw in _FALSE:
         return False
     raise BadParameter(f"{name} must be true or false, got {values[-1]!r}", param=f"query.{name}")
-
-
-def _rpc_method(body: bytes) -> str:
-    try:
-        payload = json.loads(body or b"null")
-    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python's parser goes
-        raise BadParameter("collective_rpc needs a JSON body", param="body") from None
-    method = payload.get("method") if isinstance(payload, dict) else None
-    if not isinstance(method, str) or not method:
-        raise BadParameter("collective_rpc needs a string 'method' in its JSON body", param="body.method")
-    return method

@@ -30,6 +30,10 @@ SIMULATOR = "sim"
 DEFAULT_ENGINE = "default"
 
 
+#: The lifecycle operations whose bodies carry weight-push metadata (`max_weight_update_body_bytes`).
+WEIGHT_PUSH_OPERATIONS = frozenset({"update_weights", "collective_rpc"})
+
+
 class EngineSettings(BaseModel):
     """One guarded engine: each of `engines:`, or the one `upstream:` names (`Settings.guarded_engines`)."""
 
@@ -95,6 +99,12 @@ class Settings(BaseSettings):
     # connecting at once (a burst of released held requests overflows vLLM's accept queue).
     upstream_max_connections: int = Field(default=1024, gt=0)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # The body of a weight push (/update_weights, /collective_rpc): an unpacked CUDA IPC push names every
+    # parameter with one pickled handle per trainer GPU (vLLM 0.32 ipc_engine.py, packed=False, its default):
+    # 2.7 KB a parameter on 8 GPUs (measured, torch 2.11 on an H200), 97 MiB for Qwen3-235B-A22B's ~37k
+    # tensors. Bodies are held in memory while they are forwarded (about twice, briefly): keep it under half
+    # the sidecar container's memory limit.
+    max_weight_update_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     # A client that has not finished its request headers this long after connecting (or after its last
     # answer on a kept-alive connection) is disconnected: a trickling client must not hold a socket forever.
     client_idle_timeout_s: float = Field(default=75.0, gt=0)
@@ -186,6 +196,12 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, or be {SIMULATOR!r} (got {value!r})")
         return value.rstrip("/")
+
+    def body_limit(self, lifecycle_op: str | None = None) -> int:
+        """The largest body a request may carry: a weight push's is larger than anything else's."""
+        if lifecycle_op in WEIGHT_PUSH_OPERATIONS:
+            return max(self.max_body_bytes, self.max_weight_update_body_bytes)
+        return self.max_body_bytes
 
     @property
     def upstream_shown(self) -> str | None:

@@ -38,6 +38,7 @@ from .states import State
 from .tasks import Tasks
 from .upstream import VllmClient
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
+from .worker_rpcs import RpcKind
 
 log = logging.getLogger("lifeguard.lifecycle")
 T = TypeVar("T")
@@ -98,7 +99,10 @@ class LifecycleCoordinator:
                 self.record.mark_stale(previous.weights_stale)
             if previous.asleep_tags:
                 self.record.remembered_asleep(
-                    frozenset(previous.asleep_tags), previous.sleep_level, unconfirmed=previous.sleep_unconfirmed
+                    frozenset(previous.asleep_tags),
+                    previous.sleep_level,
+                    unconfirmed=previous.sleep_unconfirmed,
+                    outside_vllm=previous.asleep_outside_vllm,
                 )
         self._refresh_gate()
 
@@ -250,6 +254,10 @@ class LifecycleCoordinator:
         if isinstance(decision, Defer):
             self.record.paused_by_user(call.mode or "abort")
             return answered_by_us(decision.body, deferred=True)
+        if call.rpc_kind is RpcKind.SLEEP_FOR_SYNC or (
+            call.rpc_kind is RpcKind.WAKE_FOR_SYNC and self.record.asleep_outside_vllm
+        ):
+            return await self._sleep.run_worker_rpc(call)
         if call.op in WEIGHT_OPERATIONS:
             return from_vllm(await self._weights.run(call), None)
         return await self._sleep.run(call)

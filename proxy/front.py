@@ -34,7 +34,7 @@ from .fleet import Fleet
 from .held import HeldExchange, not_forwarded
 from .metrics import INFERENCE_OUTCOMES
 from .request_reader import ParsedRequest, RequestReader
-from .routes import LIFECYCLE_PATHS, RouteKind
+from .routes import RouteKind
 from .routing import GUARDED, Route, model_of
 from .rules import control_refusal
 from .wire import error_bytes
@@ -94,13 +94,12 @@ class Front:
                 return Forward(client, request, engine, route.target, ticket=ticket,
                                stale=engine.coordinator.weights_stale)  # fmt: skip
             return HeldExchange(client, request, engine, route.target)
-        if kind is RouteKind.LIFECYCLE:
-            op = LIFECYCLE_PATHS[route.path.rstrip("/")]
+        if route.op is not None:
             metrics = engine.metrics
             return Answered(
                 client,
                 request,
-                lifecycle(engine, op, route.query, request.whole_body()),
+                lifecycle(engine, route.op, route.query, request.whole_body()),
                 tasks=self.fleet.tasks,
                 count=metrics.proxy_error,
                 on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
@@ -124,10 +123,9 @@ class Front:
             outcome = error.reason if error.reason in INFERENCE_OUTCOMES else "engine_unavailable"
             not_forwarded(engine, request, outcome)
             return
-        if route is not None and route.kind is RouteKind.LIFECYCLE:
-            op = LIFECYCLE_PATHS.get(route.path.rstrip("/"))
-            if op is not None:
-                engine.metrics.operation_finished(op, "invalid" if error.status in (400, 413) else "unauthorized", 0)
+        if route is not None and route.op is not None:
+            outcome = "invalid" if error.status in (400, 413) else "unauthorized"
+            engine.metrics.operation_finished(route.op, outcome, 0)
         engine.metrics.request_duration("passthrough", time.monotonic() - request.started)
 
     def exchange_ended(self) -> None:
@@ -286,7 +284,7 @@ class FrontConnection(asyncio.Protocol):
                 exc.close_connection = exc.close_connection or exc.status in (401, 403)
             request.error = exc
             return
-        limit = front.settings.max_body_bytes
+        limit = front.settings.body_limit(route.op)
         if request.content_length is not None and request.content_length > limit:
             request.error = BodyTooLarge(
                 f"the request body ({request.content_length} bytes) exceeds the limit of {limit} bytes",
@@ -306,10 +304,9 @@ class FrontConnection(asyncio.Protocol):
     def _start(self, request: ParsedRequest) -> bool:
         """Answer or start the request at the head of the queue; False while its body is still awaited."""
         front = self._front
-        if request.error is None and request.body_size > front.settings.max_body_bytes:
-            request.error = BodyTooLarge(
-                f"the request body exceeds the limit of {front.settings.max_body_bytes} bytes", close_connection=True
-            )
+        limit = front.settings.body_limit(request.route.op if request.route is not None else None)
+        if request.error is None and request.body_size > limit:
+            request.error = BodyTooLarge(f"the request body exceeds the limit of {limit} bytes", close_connection=True)
         if not (request.complete or (request.error is not None and request.error.close_connection)):
             self._await_body(request)
             return False

@@ -42,6 +42,9 @@ class Memo:
     # The flags read asleep but nothing was freed (a /sleep from PAUSED that did nothing reads the same): a
     # repeat of that sleep is sent to vLLM, not answered as a no-op.
     sleep_unconfirmed: bool = False
+    # The asleep tags were put to sleep by a worker RPC behind vLLM's executor (skyrl_sleep_for_weight_sync):
+    # vLLM's flags read "paused", and only that RPC's wake brings them back.
+    asleep_outside_vllm: bool = False
 
 
 # What a memo that cannot be read means: the weights cannot be vouched for.
@@ -70,6 +73,7 @@ class StateMemo:
                 asleep_tags=tuple(raw.get("asleep_tags", ())),
                 sleep_level=raw.get("sleep_level"),
                 sleep_unconfirmed=raw.get("sleep_unconfirmed", False),
+                asleep_outside_vllm=raw.get("asleep_outside_vllm", False),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -97,6 +101,7 @@ def _well_formed(memo: Memo) -> bool:
     return (
         isinstance(memo.user_pause, str | None)
         and isinstance(memo.sleep_unconfirmed, bool)
+        and isinstance(memo.asleep_outside_vllm, bool)
         and all(tag in ALL_SLEEP_TAGS or tag == "scheduling" for tag in memo.asleep_tags)
         and (memo.sleep_level is None or (type(memo.sleep_level) is int and 0 <= memo.sleep_level <= 2))
     )

@@ -33,6 +33,14 @@ _SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
 }
 
 
+class SessionTarget(enum.StrEnum):
+    """What a weight update session writes (`weight_update_target` in /lifeguard/state)."""
+
+    MODEL = "model"
+    DRAFTER = "drafter"  # /start_draft_weight_update: vLLM's speculative-decoding drafter
+    LORA_ADAPTER = "lora_adapter"  # a round armed by skyrl_set_lora_receive_target
+
+
 class FailureKind(enum.StrEnum):
     """Why the engine is FAILED: gone, or up but broken in a way a re-check can clear."""
 
@@ -60,6 +68,13 @@ class EngineRecord:
         self._facts = EngineView(State.STARTING)
         # The state a weight update session returns to when it is finished.
         self.return_state = State.RUNNING
+        # What the open weight update session writes: the model's weights, or only its drafter's or a LoRA
+        # adapter's (neither brings back weights a level-2 sleep discarded).
+        self.session_target = SessionTarget.MODEL
+        # The next weight-update round builds a LoRA adapter (skyrl_set_lora_receive_target armed it).
+        self.adapter_round_armed = False
+        # Memory was mapped back while paused (a worker RPC's wake): no canary could run, the next /resume runs it.
+        self.canary_due = False
         self.failure_kind: FailureKind | None = None
         self.last_error: dict[str, Any] | None = None
         self.since = time.time()
@@ -108,10 +123,17 @@ class EngineRecord:
             tuple(sorted(self.asleep_tags)),
             self.sleep_level,
             self.sleep_unconfirmed,
+            self.asleep_outside_vllm,
         )
+
+    @property
+    def asleep_outside_vllm(self) -> bool:
+        return self._facts.asleep_outside_vllm
 
     def _set(self, **facts: Any) -> None:
         self._facts = replace(self._facts, **facts)
+        if not self._facts.asleep_tags and self._facts.asleep_outside_vllm:
+            self._facts = replace(self._facts, asleep_outside_vllm=False)  # nothing asleep, nowhere
         self._on_view_change()
 
     @property
@@ -129,11 +151,20 @@ class EngineRecord:
         if level == 2:
             self.discarded()
 
-    def discarded(self) -> None:
-        """vLLM's weights are gone (a level-2 sleep, seen or adopted) until they are loaded again."""
-        self._on_weights_discarded()
+    def discarded(self, *, end_forwarded: bool = True) -> None:
+        """vLLM's weights are gone (a level-2 sleep, seen or adopted) until they are loaded again.
+        `end_forwarded`: what vLLM queued must not run (False: it stays frozen until new weights are in)."""
+        if end_forwarded:
+            self._on_weights_discarded()
         if self.weights_stale is not Staleness.DISCARDED:
             self.mark_stale(Staleness.DISCARDED)
+
+    def fell_asleep_in_worker(self, tags: frozenset[str]) -> None:
+        """A worker RPC freed `tags` behind vLLM's executor while the scheduler is paused (skyrl_sleep_for_weight_sync):
+        the weights are discarded for the broadcast to rewrite; the requests frozen by the pause resume on them."""
+        self._set(sleep_level=None, asleep_tags=tags, sleep_unconfirmed=False, asleep_outside_vllm=True)
+        if "weights" in tags:
+            self.discarded(end_forwarded=False)
 
     def released_kv_cache(self) -> None:
         """`/release_kv_cache_memory` from a completed pause: only the KV cache is gone, no sleep level."""
@@ -143,10 +174,12 @@ class EngineRecord:
         """A verified wake: `remaining` is what is still asleep (nothing: fully awake, no sleep level)."""
         self._set(asleep_tags=remaining, sleep_level=self.sleep_level if remaining else None)
 
-    def remembered_asleep(self, tags: frozenset[str], level: int | None, *, unconfirmed: bool) -> None:
+    def remembered_asleep(
+        self, tags: frozenset[str], level: int | None, *, unconfirmed: bool, outside_vllm: bool = False
+    ) -> None:
         """A restarted proxy's state file says these tags were asleep (vLLM's flags cannot tell them from a pause),
-        and whether the GPUs ever confirmed it."""
-        self._set(asleep_tags=tags, sleep_level=level, sleep_unconfirmed=unconfirmed)
+        whether the GPUs ever confirmed it, and whether a worker RPC put them to sleep behind vLLM's executor."""
+        self._set(asleep_tags=tags, sleep_level=level, sleep_unconfirmed=unconfirmed, asleep_outside_vllm=outside_vllm)
 
     def paused_by_user(self, mode: str) -> None:
         """The user's pause, kept across a sleep/wake cycle (vLLM's /wake_up lifts it)."""
@@ -155,12 +188,29 @@ class EngineRecord:
     def pause_lifted(self) -> None:
         self._set(user_pause=None)
 
-    def session_opened(self, return_to: State) -> None:
+    def session_opened(self, return_to: State, *, drafter: bool = False) -> None:
         self.return_state = return_to
+        self.session_target = self._round_target(drafter)
         self._set(weight_update_active=True)
 
     def session_closed(self) -> None:
+        """The open session ended; the model's weights are loaded again if it wrote them."""
+        target = self.session_target
+        self.session_target = SessionTarget.MODEL
         self._set(weight_update_active=False)
+        if target is SessionTarget.MODEL:
+            self.weights_loaded()
+
+    def single_update_written(self) -> None:
+        """A /update_weights outside any session (its own): what it wrote is the model's, unless a round was armed."""
+        if self._round_target(drafter=False) is SessionTarget.MODEL:
+            self.weights_loaded()
+
+    def _round_target(self, drafter: bool) -> SessionTarget:
+        armed, self.adapter_round_armed = self.adapter_round_armed, False
+        if drafter:
+            return SessionTarget.DRAFTER
+        return SessionTarget.LORA_ADAPTER if armed else SessionTarget.MODEL
 
     def mark_stale(self, reason: Staleness) -> None:
         self._metrics.weights_stale(True)
@@ -283,6 +333,8 @@ class EngineRecord:
     def _restarted(self) -> None:
         """A restarted vLLM holds its initial checkpoint, not the trained weights."""
         self._metrics.engine_restart()
+        self.session_target = SessionTarget.MODEL
+        self.adapter_round_armed = False
         self._set(weight_update_active=False, user_pause=None, asleep_tags=frozenset(), sleep_level=None)
         # A /health that failed and came back looks the same as a restart: weights a level-2 sleep discarded
         # stay discarded (inference held until a reload) rather than pass for a fresh checkpoint.
@@ -316,7 +368,9 @@ class EngineRecord:
             "sleep_unconfirmed": self.sleep_unconfirmed,
             "paused": self.user_pause is not None or self.state in (State.PAUSED, State.PAUSING),
             "pause_mode": self.user_pause,
+            "asleep_outside_vllm": self.asleep_outside_vllm,
             "weight_update_active": self.weight_update_active,
+            "weight_update_target": self.session_target.value if self.weight_update_active else None,
             "weights_stale": self.weights_stale is not None,
             "weights_stale_reason": self.weights_stale,
             "swapping_out_for": self.swapping_out_for,

@@ -48,6 +48,7 @@ LIFECYCLE_PATHS: dict[str, str] = {
     "/pause": "pause",
     "/resume": "resume",
     "/start_weight_update": "start_weight_update",
+    "/start_draft_weight_update": "start_draft_weight_update",
     "/update_weights": "update_weights",
     "/finish_weight_update": "finish_weight_update",
     "/collective_rpc": "collective_rpc",
@@ -64,7 +65,6 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     # serve/dev/cache, rl/online, serve/profile, scale_out: control calls that never wait
     (_P, "/init_weight_transfer_engine", RouteKind.AT_ONCE),
     (_P, "/shutdown_weight_transfer_engine", RouteKind.AT_ONCE),
-    (_P, "/start_draft_weight_update", RouteKind.AT_ONCE),
     (_P, "/update_weight_version", RouteKind.AT_ONCE),
     (_P, "/abort_requests", RouteKind.AT_ONCE),
     (_P, "/inference/v1/abort_requests", RouteKind.AT_ONCE),
@@ -145,8 +145,11 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
 
 # Routes of the trainers' own vLLM server wrappers, read from their client code (docs/guides/).
 FRAMEWORK_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
-    # SkyRL (skyrl/backends/skyrl_train/inference_servers/): LoRA sync and delta weights happen inside its
-    # weight sync, between wake_up?tags=weights and wake_up?tags=kv_cache; R3 generation is inference.
+    # SkyRL (skyrl/backends/skyrl_train/inference_servers/): LoRA sync happens inside its weight sync,
+    # between wake_up?tags=weights and wake_up?tags=kv_cache; R3 generation is inference. /fetch_weights
+    # (0.4.0, vllm_server_actor.py) downloads a checkpoint delta and applies it to the workers' checkpoint
+    # files on disk (weight_sync/delta/): no GPU memory, no weights in use. SkyRL sends it before its pause
+    # so the download overlaps live generation; it may run paused or asleep too, so it never waits.
     (_P, "/skyrl/v1/load_lora_adapter", RouteKind.SERIALIZED),
     (_P, "/skyrl/v1/generate", RouteKind.INFERENCE),
     (_P, "/fetch_weights", RouteKind.AT_ONCE),

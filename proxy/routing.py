@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .engine import Engine
 from .errors import EngineNotChosen, UnknownEngine
-from .routes import RouteKind, RouteTable
+from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .target import below_mount, canonical_target
 
 ENGINES_PREFIX = "/engines"
@@ -40,6 +40,7 @@ class Route:
     path: str
     query: str
     by_model: bool = False
+    op: str | None = None  # the lifecycle operation, for kind LIFECYCLE
 
 
 class Router:
@@ -78,7 +79,8 @@ class Router:
         if engine is None and target.path == "/v1/models" and method in ("GET", "HEAD"):
             return Route(None, None, raw, target.path, target.query)
         by_model = engine is None and kind in (RouteKind.INFERENCE, RouteKind.NEVER_GATED)
-        return Route(kind, engine, raw, target.path, target.query, by_model)
+        op = LIFECYCLE_PATHS[target.path.rstrip("/")] if kind is RouteKind.LIFECYCLE else None
+        return Route(kind, engine, raw, target.path, target.query, by_model, op)
 
     def not_chosen(self, route: Route) -> EngineNotChosen:
         """The error of a request that several engines could take and that does not say which."""

@@ -25,6 +25,7 @@ from .errors import (
     WeightUpdateInProgress,
 )
 from .states import State
+from .worker_rpcs import RpcKind, noop_reply
 
 ALL_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 
@@ -51,6 +52,9 @@ class EngineView:
     sleep_unconfirmed: bool = False
     # Being drained to be put to sleep for another engine's turn (proxy/arbiter.py): the engine it is for.
     swapping_out_for: str | None = None
+    # The asleep tags were put to sleep by a worker RPC (skyrl_sleep_for_weight_sync, proxy/worker_rpcs.py)
+    # behind vLLM's executor: vLLM's /sleep, /wake_up and /resume know nothing of it.
+    asleep_outside_vllm: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ class Run:
 Decision = Noop | Refuse | Defer | Run
 
 
+#: The calls that open a weight update session: on the model, or on its speculative-decoding drafter.
+START_OPERATIONS = ("start_weight_update", "start_draft_weight_update")
+
+
 def asleep_tags_for(level: int) -> frozenset[str]:
     return frozenset({"scheduling"}) if level == 0 else ALL_SLEEP_TAGS
 
@@ -97,12 +105,21 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
         return Refuse(EngineUnavailable(f"the engine is not available (state {state.value})"))
     in_update = state is State.UPDATING_WEIGHTS
     op = call.op
-    if op in ("sleep", "wake_up", "pause", "resume", "release_kv_cache_memory") and in_update:
+    rpc_kind = call.rpc_kind if op == "collective_rpc" else None
+    worker_sleep = rpc_kind in (RpcKind.SLEEP_FOR_SYNC, RpcKind.WAKE_FOR_SYNC)
+    if (op in ("sleep", "wake_up", "pause", "resume", "release_kv_cache_memory") or worker_sleep) and in_update:
+        what = call.rpc_method if worker_sleep else f"/{op}"
         return Refuse(
             WeightUpdateInProgress(
-                f"a weight update session is open; call /finish_weight_update before /{op}",
+                f"a weight update session is open; call /finish_weight_update before {what}",
             )
         )
+    if rpc_kind is RpcKind.SLEEP_FOR_SYNC:
+        return _judge_sleep_for_sync(view)
+    if rpc_kind is RpcKind.WAKE_FOR_SYNC:
+        return _judge_wake_for_sync(call, view)
+    if view.asleep_outside_vllm and op in ("sleep", "wake_up", "release_kv_cache_memory"):
+        return Refuse(_asleep_outside_vllm(op))
     if op == "release_kv_cache_memory":
         return _judge_release(view)
     if op == "sleep":
@@ -132,19 +149,20 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
         if state is State.PAUSED:
             return Run()
         if state is State.SLEEPING:
+            wake = "skyrl_wake_for_weight_sync" if view.asleep_outside_vllm else "/wake_up"
             return Refuse(
                 EngineAsleep(
-                    "the engine is asleep; /resume would schedule on freed memory - call /wake_up",
+                    f"the engine is asleep; /resume would schedule on freed memory - call {wake}",
                 )
             )
         return Noop({"status": "resumed"})
-    if op == "start_weight_update" and view.weight_update_active:
+    if op in START_OPERATIONS and view.weight_update_active:
         return Refuse(
             WeightUpdateActive(
                 "a weight update session is already open; call /finish_weight_update first",
             )
         )
-    touches_weights = op in ("start_weight_update", "update_weights") or (
+    touches_weights = op in (*START_OPERATIONS, "update_weights") or (
         op == "collective_rpc" and call.rpc_method in weight_rpc_methods
     )
     if touches_weights and "weights" in view.asleep_tags:
@@ -160,6 +178,62 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
             )
         )
     return Run()
+
+
+def _judge_sleep_for_sync(view: EngineView) -> Decision:
+    """SkyRL's `skyrl_sleep_for_weight_sync` frees the pools under the scheduler: only a paused one is safe."""
+    if view.state is State.PAUSED:
+        return Run()
+    if view.state is State.SLEEPING and view.asleep_outside_vllm:
+        if view.asleep_tags >= ALL_SLEEP_TAGS:
+            return Noop(noop_reply())  # a repeat would unmap what is already unmapped
+        return Refuse(
+            AlreadyAsleep(
+                f"{sorted(view.asleep_tags)} still sleep for a weight sync; wake them (skyrl_wake_for_weight_sync) "
+                "before sleeping the engine's memory again",
+            )
+        )
+    if view.state is State.SLEEPING:
+        return Refuse(
+            AlreadyAsleep(
+                "the engine sleeps through /sleep; skyrl_sleep_for_weight_sync would sleep its memory a second time",
+            )
+        )
+    return Refuse(
+        NotPaused(
+            "skyrl_sleep_for_weight_sync frees the weights and KV cache under the scheduler: pause first "
+            "(/pause?mode=keep, as SkyRL's weight sync does)",
+        )
+    )
+
+
+def _judge_wake_for_sync(call: LifecycleCall, view: EngineView) -> Decision:
+    """`skyrl_wake_for_weight_sync` maps back what `skyrl_sleep_for_weight_sync` freed, and nothing else."""
+    if view.state is State.SLEEPING and view.asleep_outside_vllm:
+        wanted = call.rpc.tags if call.rpc is not None else ALL_SLEEP_TAGS
+        return Run() if wanted & view.asleep_tags else Noop(noop_reply())
+    if view.state is State.SLEEPING:
+        return Refuse(
+            EngineAsleep(
+                "the engine sleeps through /sleep: wake it with /wake_up; skyrl_wake_for_weight_sync would map its "
+                "memory behind vLLM's executor, which would still believe it asleep",
+            )
+        )
+    # Nothing we know of is asleep, but a worker sleep we did not see (a proxy restarted without its state file)
+    # reads exactly the same: vLLM's own answer decides, and the call changes nothing of ours.
+    return Run()
+
+
+def _asleep_outside_vllm(op: str) -> LifeguardError:
+    if op == "wake_up":
+        return EngineAsleep(
+            "the weights and KV cache sleep for a weight sync (skyrl_sleep_for_weight_sync): vLLM's /wake_up does "
+            "not know it and would resume scheduling on freed memory; wake them with skyrl_wake_for_weight_sync",
+        )
+    return AlreadyAsleep(
+        f"the weights and KV cache sleep for a weight sync (skyrl_sleep_for_weight_sync); wake them with "
+        f"skyrl_wake_for_weight_sync before /{op}",
+    )
 
 
 def _judge_release(view: EngineView) -> Decision:

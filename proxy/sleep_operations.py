@@ -1,4 +1,5 @@
-"""`SleepOperations`: sleep, wake_up, release_kv_cache_memory, pause and resume, each verified.
+"""`SleepOperations`: sleep, wake_up, release_kv_cache_memory, pause and resume, each verified; and the worker
+RPCs that sleep and wake the engine's memory behind vLLM's executor (proxy/worker_rpcs.py).
 
 The coordinator runs them under its lock, from a state `rules.judge` accepted: begin trigger (the gate
 starts holding) -> the call to vLLM, watched for engine death -> verification -> settle, or adopt what the
@@ -22,6 +23,7 @@ from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
 from .record import EngineRecord, FailureKind
 from .rules import Staleness, wake_targets
 from .states import State
+from .worker_rpcs import RpcKind
 
 SLEEP_OPERATIONS = frozenset({"sleep", "wake_up", "release_kv_cache_memory", "pause", "resume"})
 
@@ -55,6 +57,58 @@ class SleepOperations:
             "resume": self.resume,
         }
         return await operations[call.op](call)
+
+    async def run_worker_rpc(self, call: LifecycleCall) -> Outcome:
+        """A `/collective_rpc` of kind SLEEP_FOR_SYNC or WAKE_FOR_SYNC, under the coordinator's lock."""
+        if call.rpc_kind is RpcKind.SLEEP_FOR_SYNC:
+            return await self._sleep_for_sync(call)
+        return await self._wake_for_sync(call)
+
+    async def _sleep_for_sync(self, call: LifecycleCall) -> Outcome:
+        """From PAUSED: the pools freed; vLLM's flags stay "paused" (its executor does not know)."""
+        assert call.rpc is not None
+        before = await self._verifier.read_memory()
+        self._record.lifecycle.begin_sleep()
+        # written ahead, as for a level-2 sleep: a proxy killed while this runs must not trust the weights after it
+        self._memo.save(replace(self._record.memo(), weights_stale=Staleness.DISCARDED))
+        reply = await self._calls.post(call, "/collective_rpc", hint=State.PAUSED)
+        verdict = await self._verifier.verify(
+            Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED), memory_before=before
+        )
+        if verdict.failed is not None and verdict.failed.name is not CheckName.MEMORY:
+            raise self._lie(call, verdict, hint=State.PAUSED)
+        # Held asleep even when the GPUs showed nothing freed: only its wake may map the pools back.
+        self._record.fell_asleep_in_worker(call.rpc.tags)
+        self._record.settle(State.SLEEPING)
+        if verdict.failed is not None:
+            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
+        return from_vllm(reply, verdict)
+
+    async def _wake_for_sync(self, call: LifecycleCall) -> Outcome:
+        """Maps back the pools named; the scheduler stays paused, so no canary can run: the next /resume runs it."""
+        assert call.rpc is not None
+        view = self._record.view()
+        remaining = view.asleep_tags - call.rpc.tags
+        before = await self._verifier.read_memory()
+        self._record.lifecycle.begin_wake()
+        reply = await self._calls.post(call, "/collective_rpc", hint=State.SLEEPING)
+        memory = MemoryChange.PART_RESTORED if remaining else MemoryChange.RESTORED
+        expect = Expectation(sleeping=True, paused=True, memory=memory)
+        verdict = await self._verifier.verify(expect, memory_before=before)
+        if verdict.failed is not None:
+            self._record.settle(State.SLEEPING)  # what we sent is still asleep: a retry is sent again
+            raise self._lie(call, verdict, hint=State.SLEEPING, adopt=verdict.failed.name is not CheckName.MEMORY)
+        self._record.woke(remaining)
+        if remaining:
+            self._record.settle(State.SLEEPING)
+            return from_vllm(reply, verdict)
+        if verdict.memory is not None:
+            self._verifier.note_awake(verdict.memory)
+        self._record.canary_due = True
+        if self._record.user_pause is None:
+            self._record.paused_by_user("keep")  # it was paused before the sleep, and nothing resumed it
+        self._record.settle(State.PAUSED)
+        return from_vllm(reply, verdict)
 
     async def sleep(self, call: LifecycleCall) -> Outcome:
         level = call.level if call.level is not None else 1
@@ -164,11 +218,15 @@ class SleepOperations:
         return from_vllm(reply, verdict)
 
     async def resume(self, call: LifecycleCall) -> Outcome:
+        # Memory mapped back while paused (a worker RPC's wake) is first checked here, once it can answer.
+        canary = self._record.canary_due and self._record.weights_stale is None
         self._record.lifecycle.begin_resume()
         reply = await self._calls.post(call, "/resume", hint=State.PAUSED)
-        verdict = await self._verifier.verify(Expectation(sleeping=False, paused=False), memory_before=None)
+        expect = Expectation(sleeping=False, paused=False, canary=canary)
+        verdict = await self._verifier.verify(expect, memory_before=None)
         if verdict.failed is not None:
             raise self._lie(call, verdict, hint=State.PAUSED)
+        self._record.canary_due = False
         self._record.pause_lifted()
         self._record.settle(State.RUNNING)
         return from_vllm(reply, verdict)

@@ -3,6 +3,13 @@
 The coordinator runs them under its lock, from a state `rules.judge` accepted, with one exception:
 `/update_weights` inside an open session is forwarded at once, outside the lock, because the trainer's
 NCCL send runs concurrently with it and would deadlock behind a queued call.
+
+A session is opened by `/start_weight_update` on the model, or by `/start_draft_weight_update` on vLLM's
+speculative-decoding drafter (vLLM 0.32 `gpu_worker.py`: the same one-at-a-time session, retargeted; SkyRL
+0.4.0 runs it after the model's own, inside the same pause). Its `/finish_weight_update` loads the
+model's weights again only when the session wrote them: a drafter's session, or a round that
+`skyrl_set_lora_receive_target` armed to build a LoRA adapter, leaves weights a level-2 sleep discarded
+discarded.
 """
 
 from __future__ import annotations
@@ -15,15 +22,19 @@ from .config import Settings
 from .engine_calls import EngineCalls
 from .errors import UpstreamBadStatus, WeightsAsleep, WeightUpdateSessionLost
 from .record import EngineRecord
+from .rules import START_OPERATIONS
 from .states import State
 from .upstream import Reply
+from .worker_rpcs import RpcKind
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
 _NO_SESSION_MESSAGES = (
     "start_weight_update must be called before update_weights",
     "called without a matching start_weight_update",
 )
-WEIGHT_OPERATIONS = frozenset({"start_weight_update", "update_weights", "finish_weight_update", "collective_rpc"})
+WEIGHT_OPERATIONS = frozenset(
+    {"start_weight_update", "start_draft_weight_update", "update_weights", "finish_weight_update", "collective_rpc"}
+)
 
 
 class WeightUpdates:
@@ -35,7 +46,7 @@ class WeightUpdates:
 
     async def run(self, call: LifecycleCall) -> Reply:
         """One of WEIGHT_OPERATIONS, under the coordinator's lock."""
-        if call.op == "start_weight_update":
+        if call.op in START_OPERATIONS:
             return await self._start(call)
         if call.op == "update_weights":
             return await self._update(call)
@@ -68,11 +79,11 @@ class WeightUpdates:
         prev = self._record.state
         self._record.lifecycle.begin_weight_update()
         try:
-            reply = await self._calls.post(call, "/start_weight_update", hint=prev)
+            reply = await self._calls.post(call, f"/{call.op}", hint=prev)
         except UpstreamBadStatus:
             self._record.settle(prev)
             raise
-        self._record.session_opened(return_to=prev)
+        self._record.session_opened(return_to=prev, drafter=call.op == "start_draft_weight_update")
         return reply
 
     async def _update(self, call: LifecycleCall) -> Reply:
@@ -85,7 +96,7 @@ class WeightUpdates:
         finally:
             if self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
-        self._record.weights_loaded()
+        self._record.single_update_written()
         return reply
 
     async def _finish(self, call: LifecycleCall) -> Reply:
@@ -96,7 +107,6 @@ class WeightUpdates:
                 await self._session_lost(exc)
             raise
         self._record.session_closed()
-        self._record.weights_loaded()
         self._record.settle(self._record.return_state)
         return reply
 
@@ -104,6 +114,8 @@ class WeightUpdates:
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
             self._record.weights_loaded()
+        elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
+            self._record.adapter_round_armed = True
         return reply
 
     async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:

@@ -5,6 +5,8 @@
 #   2. tests/vllm through the proxy: one vLLM per pytest session (plus one restart for engine death),
 #      started with --enable-scale-out; test_vllm_clients.py drives it with the trainers' own client
 #      modules, from the cached site scripts/clients-site.sh installs (it skips if that install fails);
+#      test_vllm_skyrl_0_4.py (SkyRL 0.4.0, Python >= 3.12) then runs in the .venv-skyrl04 of make
+#      test-clients, with a vLLM of its own;
 #   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
 #
 # A test that fails is run once more (pytest-rerunfailures, `-rR` lists it as a rerun): a real vLLM whose API
@@ -24,6 +26,9 @@ export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
 export LIFEGUARD_VLLM_LOG_DIR=${LIFEGUARD_VLLM_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lifeguard-vllm.XXXXXX")}
 mkdir -p "$LIFEGUARD_VLLM_LOG_DIR"
 source scripts/clients-site.sh
+source scripts/clients-python.sh
+SKYRL04_VENV=${SKYRL04_VENV:-.venv-skyrl04}
+SKYRL04_TESTS=tests/vllm/test_vllm_skyrl_0_4.py
 if LIFEGUARD_CLIENTS_SITE=$(client_site "$BIN"); then
   export LIFEGUARD_CLIENTS_SITE
 else
@@ -34,9 +39,24 @@ t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"
 t1=$SECONDS
-"$BIN/pytest" -m vllm tests/vllm -q -rfEsR --reruns 1 --durations=8 "$@"
+"$BIN/pytest" -m vllm tests/vllm --ignore "$SKYRL04_TESTS" -q -rfEsR --reruns 1 --durations=8 "$@"
 rc_e2e=$?
 t_e2e=$((SECONDS - t1))
+
+# SkyRL 0.4.0 needs Python >= 3.12: its file runs in its own venv (the one make test-clients uses), with a
+# vLLM of its own.
+log "$SKYRL04_TESTS (SkyRL 0.4.0, its own venv)"
+t3=$SECONDS
+rc_skyrl04=0
+if skyrl04_venv "$SKYRL04_VENV" && SITE04=$(client_site "$SKYRL04_VENV/bin" skyrl04); then
+  LIFEGUARD_CLIENTS_SITE=$SITE04 "$SKYRL04_VENV/bin/pytest" -m vllm "$SKYRL04_TESTS" -q -rfEsR --reruns 1 \
+    --durations=8 "$@"
+  rc_skyrl04=$?
+else
+  log "could not set up the SkyRL 0.4.0 venv or its client site"
+  rc_skyrl04=1
+fi
+t_skyrl04=$((SECONDS - t3))
 
 rc_conf=0
 t_conf=0
@@ -77,7 +97,8 @@ else
   log "tests/conformance has no tests yet: skipped"
 fi
 
-log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
+log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), SkyRL 0.4.0 ${t_skyrl04}s (rc=$rc_skyrl04)," \
+  "conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
 grep -h "^==== healthy after" "$LIFEGUARD_VLLM_LOG_DIR"/vllm*.log 2>/dev/null | sed 's/^==== /[test-vllm] vLLM /' >&2
 log "logs in $LIFEGUARD_VLLM_LOG_DIR"
-((rc_e2e == 0 && rc_conf == 0))
+((rc_e2e == 0 && rc_skyrl04 == 0 && rc_conf == 0))

@@ -116,16 +116,27 @@ class _Device:
 
 
 def torch_for_annotations() -> dict[str, types.ModuleType]:
-    """`torch` and `torch.nn` as TRL's server-mode client uses them outside the NCCL path: `torch.device`
-    to check the trainer's device, and names in annotations."""
+    """`torch` and `torch.nn` as the trainers' HTTP paths use them: `torch.device` to check the trainer's
+    device (TRL), names in annotations and module-level dtype constants (SkyRL 0.4.0's `sample_support` and
+    `packed_tensor`, imported by its client module for type aliases), and, on SkyRL's trainer side, the CUDA
+    and process-group calls around a weight send, on one process without a GPU."""
     torch = types.ModuleType("torch")
     nn = types.ModuleType("torch.nn")
     nn.Module = type("Module", (), {})  # type: ignore[attr-defined]
-    cuda = types.SimpleNamespace(set_device=lambda device: None)
+    cuda = types.SimpleNamespace(
+        set_device=lambda device: None, is_available=lambda: False, empty_cache=lambda: None, current_device=lambda: 0
+    )
+    distributed = types.SimpleNamespace(
+        is_available=lambda: False, is_initialized=lambda: False, get_rank=lambda: 0, barrier=lambda: None
+    )
     torch.device = _Device  # type: ignore[attr-defined]
     torch.Tensor = type("Tensor", (), {})  # type: ignore[attr-defined]
+    torch.Size = tuple  # type: ignore[attr-defined]
+    torch.dtype = type("dtype", (), {})  # type: ignore[attr-defined]
+    torch.int32, torch.long = "int32", "int64"  # type: ignore[attr-defined]
     torch.nn = nn  # type: ignore[attr-defined]
     torch.cuda = cuda  # type: ignore[attr-defined]
+    torch.distributed = distributed  # type: ignore[attr-defined]
     return {"torch": torch, "torch.nn": nn}
 
 
@@ -176,9 +187,20 @@ class NcclSide:
 
 
 def skyrl_remote_inference_client(site: Path) -> Any:
-    """`skyrl.backends.skyrl_train.inference_servers.remote_inference_client` (the module)."""
+    """`skyrl.backends.skyrl_train.inference_servers.remote_inference_client` (the module). SkyRL 0.4.0's imports
+    torch (for type aliases of its R3 and sample-support side channels): stood in for by `torch_for_annotations`."""
     inference_servers = "skyrl.backends.skyrl_train.inference_servers"
-    return load(bare_packages(site, inference_servers), f"{inference_servers}.remote_inference_client")
+    stand_ins = bare_packages(site, inference_servers)
+    if not (site / "torch").is_dir():
+        stand_ins.update(torch_for_annotations())
+    return load(stand_ins, f"{inference_servers}.remote_inference_client")
+
+
+def skyrl_weight_sync_control_plane(site: Path) -> Any:
+    """`skyrl.backends.skyrl_train.weight_sync.control_plane` (SkyRL 0.4.0: `SkyrlWeightSyncClient`, the blocking
+    client of vLLM's native weight-sync routes, `Connection: close` on every call)."""
+    weight_sync = "skyrl.backends.skyrl_train.weight_sync"
+    return load(bare_packages(site, weight_sync), f"{weight_sync}.control_plane")
 
 
 def trl_async_grpo_client(site: Path) -> Any:
@@ -194,6 +216,31 @@ def trl_server_mode_client(site: Path, nccl: NcclSide) -> Any:
     stand_ins.update(nccl.modules())
     stand_ins["trl.import_utils"] = trl_import_utils(GUARDED_VLLM)
     return load(stand_ins, "trl.generation.vllm_client").VLLMClient
+
+
+def class_methods(path: Path, class_name: str, names: set[str], namespace: dict[str, Any]) -> type:
+    """A class of the chosen methods of `class_name` in the module at `path`, compiled as written (the class's
+    bases and other members left out: they need torch and Ray); `namespace` supplies what they use."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+    assert found, f"{path} no longer defines {class_name}"
+    methods = [
+        node
+        for node in found[0].body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names
+    ]
+    missing = names - {node.name for node in methods}
+    assert not missing, f"{path}:{class_name} no longer defines {sorted(missing)}"
+    cls = ast.ClassDef(name=class_name, bases=[], keywords=[], body=list(methods), decorator_list=[], type_params=[])
+    code = compile(
+        ast.fix_missing_locations(ast.Module(body=[cls], type_ignores=[])),
+        str(path),
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+    )
+    exec(code, namespace)  # noqa: S102 - the trainer's own source, read from its installed package
+    made: type = namespace[class_name]
+    return made
 
 
 def definitions(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:

@@ -201,9 +201,9 @@ def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
 async def make_stack(
     aiohttp_server: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
-    async def make(headers: dict[str, str] | None = None, **overrides: Any) -> Stack:
+    async def make(headers: dict[str, str] | None = None, sim: dict[str, Any] | None = None, **overrides: Any) -> Stack:
         gpu_file = tmp_path / "gpu.json"
-        sim_app = create_sim_app(SimSettings(model=MODEL, gpu_file=gpu_file, token_seconds=0.002))
+        sim_app = create_sim_app(SimSettings(model=MODEL, gpu_file=gpu_file, token_seconds=0.002, **(sim or {})))
         engine = sim_app[SIM_ENGINE]
         sim_app.middlewares.append(_trainer_server_routes(engine))
         sim: TestServer = await aiohttp_server(sim_app)
@@ -220,14 +220,18 @@ async def make_stack(
 
 
 TRAINER_SETUP: dict[str, dict[str, Any]] = {
-    "skyrl": {"weight_reload_rpc_methods": ("reload_weights", "skyrl_finish_weight_update")},
+    # SkyRL 0.4.0's server wrapper and worker extension are the simulator's own (trainer_servers), with a drafter.
+    "skyrl": {
+        "weight_reload_rpc_methods": ("reload_weights", "skyrl_finish_weight_update"),
+        "sim": {"trainer_servers": ("skyrl",), "draft_model": True},
+    },
     "prime-rl": {"admin_token": PRIME_TOKEN, "headers": {"Authorization": f"Bearer {PRIME_TOKEN}"}},
 }
 
 
 async def _stack_for(make_stack: Callable[..., Awaitable[Stack]], guide: str) -> Stack:
     setup = dict(TRAINER_SETUP.get(guide, {}))
-    return await make_stack(headers=setup.pop("headers", None), **setup)
+    return await make_stack(headers=setup.pop("headers", None), sim=setup.pop("sim", None), **setup)
 
 
 def test_every_http_trainer_guide_documents_its_config_key_and_sequences() -> None:

@@ -39,12 +39,18 @@ async def test_an_oversized_inference_body_is_413_json(make_stack: Callable[...,
     await _still_serving(stack)
 
 
-async def test_an_oversized_lifecycle_body_is_413_json(make_stack: Callable[..., Awaitable[Stack]]) -> None:
-    stack = await make_stack(max_body_bytes=4096)
-    resp = await stack.client.post("/collective_rpc", json={"method": "reload_weights", "pad": "x" * 10_000})
+@pytest.mark.parametrize(
+    ("path", "pad"),
+    [("/finish_weight_update", 5_000), ("/collective_rpc", 10_000)],  # a weight push may carry more: 8192
+)
+async def test_an_oversized_lifecycle_body_is_413_json(
+    make_stack: Callable[..., Awaitable[Stack]], path: str, pad: int
+) -> None:
+    stack = await make_stack(max_body_bytes=4096, max_weight_update_body_bytes=8192)
+    resp = await stack.client.post(path, json={"method": "reload_weights", "pad": "x" * pad})
     assert resp.status == 413
     assert resp.headers["X-Lifeguard-Reason"] == "body_too_large"
-    assert stack.sim_count("collective_rpc") == 0
+    assert stack.sim_count(path.strip("/")) == 0
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'"reload_weights"', b"{}", b'{"method": 7}', b""], ids=repr)

@@ -194,10 +194,10 @@ async def test_a_weight_load_waits_for_a_wake_on_the_same_gpu_and_shows_in_the_s
         finally:
             running.remove("wake:b")
 
-    async def journalled_rpc(method: str) -> dict[str, object] | None:
+    async def journalled_rpc(method: str, kwargs: dict[str, object] | None = None) -> dict[str, object] | None:
         if running:
             overlaps.append((*running, "rpc:a"))
-        return await original_rpc(method)
+        return await original_rpc(method, kwargs)
 
     b.wake_up = held_wake  # type: ignore[method-assign]
     a.collective_rpc = journalled_rpc  # type: ignore[method-assign]

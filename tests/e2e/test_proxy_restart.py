@@ -13,6 +13,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
+from lifeguard_sim.app import SimSettings
+
 from .conftest import Stack
 
 
@@ -174,3 +176,28 @@ async def _a_repeated_sleep_reaches_the_merely_paused_engine(stack: Any, client:
     assert again.status == 200, await again.text()
     assert "X-Lifeguard-Noop" not in again.headers
     assert stack.sim_count("sleep") == 2
+
+
+async def test_a_proxy_restarted_while_skyrls_worker_holds_the_memory_asleep_still_refuses_a_resume(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    # vLLM's flags read "paused" only: the state file alone says the weights and KV cache are freed.
+    sim = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01, trainer_servers=("skyrl",))
+    stack = await make_stack(sim=sim, state_file=str(tmp_path / "state.json"))
+    assert (await stack.client.post("/pause", params={"mode": "keep"})).status == 200
+    rpc = {"method": "skyrl_sleep_for_weight_sync", "kwargs": {"offload_kv": True}}
+    assert (await stack.client.post("/collective_rpc", json=rpc)).status == 200
+    client = await _restarted(stack, serve_lifeguard)
+    state = await _state(client)
+    assert (state["state"], state["asleep_outside_vllm"], state["weights_stale_reason"]) == (
+        "SLEEPING",
+        True,
+        "discarded",
+    ), state
+    refused = await client.post("/resume")
+    assert refused.status == 409 and refused.headers["X-Lifeguard-Reason"] == "engine_asleep"
+    for tags in (["weights"], ["kv_cache"]):
+        rpc = {"method": "skyrl_wake_for_weight_sync", "kwargs": {"tags": tags}}
+        assert (await client.post("/collective_rpc", json=rpc)).status == 200
+    assert (await client.post("/resume")).status == 200
+    assert stack.sim.violations == []

@@ -18,6 +18,14 @@ def test_a_saved_memo_reads_back_as_it_was(tmp_path: Path) -> None:
     assert StateMemo(str(path)).load() == memo
 
 
+def test_a_sleep_behind_vllms_executor_reads_back_as_such(tmp_path: Path) -> None:
+    # vLLM's flags then read "paused": only the memo says its /wake_up and /resume must not be sent.
+    path = tmp_path / "state.json"
+    memo = Memo(Staleness.DISCARDED, "keep", ("kv_cache", "weights"), None, asleep_outside_vllm=True)
+    StateMemo(str(path)).save(memo)
+    assert StateMemo(str(path)).load() == memo
+
+
 def test_a_memo_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"weights_stale": None, "user_pause": None}))

@@ -27,3 +27,57 @@ def test_a_refused_connection_fails_the_engine_at_once() -> None:
     record = running_record()
     record.reconcile_with(REFUSED)
     assert record.state is State.FAILED
+
+
+PAUSED_FLAGS = Observation(reachable=True, healthy=True, sleeping=True, paused=True, metric_awake=True)
+
+
+def discarded_record() -> EngineRecord:
+    record = running_record()
+    record.fell_asleep(2)
+    record.settle(State.SLEEPING)
+    assert record.weights_stale is not None
+    return record
+
+
+def test_a_drafter_session_does_not_bring_back_discarded_weights() -> None:
+    record = discarded_record()
+    record.session_opened(State.SLEEPING, drafter=True)
+    assert record.snapshot()["weight_update_target"] == "drafter"
+    record.session_closed()
+    assert record.weights_stale is not None  # only the drafter was written
+    record.session_opened(State.SLEEPING)
+    record.session_closed()
+    assert record.weights_stale is None
+
+
+def test_a_round_armed_for_a_lora_adapter_does_not_bring_back_discarded_weights() -> None:
+    record = discarded_record()
+    record.adapter_round_armed = True
+    record.session_opened(State.SLEEPING)
+    assert record.snapshot()["weight_update_target"] == "lora_adapter"
+    record.session_closed()
+    assert record.weights_stale is not None
+    record.session_opened(State.SLEEPING)  # the arming lasts one round, as in SkyRL's receive engine
+    record.session_closed()
+    assert record.weights_stale is None
+
+
+def test_memory_a_worker_rpc_put_to_sleep_stays_asleep_through_reconcile_and_keeps_frozen_requests() -> None:
+    ended: list[bool] = []
+    metrics = Metrics(
+        CollectorRegistry(), version="x", engines=["default"], states=[s.value for s in State], operations=["sleep"]
+    ).engine("default")
+    record = EngineRecord(metrics, lambda: None, on_weights_discarded=lambda: ended.append(True))
+    record.reconcile_with(AWAKE)
+    record.paused_by_user("keep")
+    record.settle(State.PAUSED)
+    record.fell_asleep_in_worker(frozenset({"weights", "kv_cache"}))
+    record.settle(State.SLEEPING)
+    assert record.weights_stale is not None and ended == []  # the pause's frozen requests resume on new weights
+    record.reconcile_with(PAUSED_FLAGS)  # vLLM's flags read "paused": no drift
+    assert record.state is State.SLEEPING and record.asleep_outside_vllm and not record.drift_events
+    record.woke(frozenset({"kv_cache"}))
+    assert record.asleep_outside_vllm
+    record.woke(frozenset())
+    assert not record.asleep_outside_vllm and record.asleep_tags == frozenset()

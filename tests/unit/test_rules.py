@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.calls import LifecycleCall, parse_call
+from proxy.errors import BadParameter
 from proxy.rules import Admission, Defer, EngineView, Noop, Refuse, Run, Staleness, admission, judge
 from proxy.states import State
 
@@ -114,3 +117,76 @@ def test_weight_writing_rpcs_are_refused_while_the_weights_are_asleep() -> None:
         assert isinstance(judge(rpc, KV_ONLY, methods), Run)
     other = call("collective_rpc", body=b'{"method": "echo"}')
     assert isinstance(judge(other, ASLEEP_1, methods), Run)
+
+
+# --- SkyRL 0.4.0's worker RPCs (proxy/worker_rpcs.py) and the drafter's weight update session
+
+
+def rpc(method: str, **kwargs: object) -> LifecycleCall:
+    return call("collective_rpc", body=json.dumps({"method": method, "kwargs": kwargs}).encode())
+
+
+KEPT = EngineView(State.PAUSED, user_pause="keep")
+IN_WORKER = EngineView(
+    State.SLEEPING, asleep_tags=frozenset({"weights", "kv_cache"}), user_pause="keep", asleep_outside_vllm=True
+)
+KV_IN_WORKER = EngineView(
+    State.SLEEPING, asleep_tags=frozenset({"kv_cache"}), user_pause="keep", asleep_outside_vllm=True
+)
+
+
+def test_sleep_for_weight_sync_runs_only_from_a_pause() -> None:
+    assert isinstance(judge(rpc("skyrl_sleep_for_weight_sync", offload_kv=True), KEPT), Run)
+    # Under a running scheduler it would free the memory running requests use.
+    assert reason(judge(rpc("skyrl_sleep_for_weight_sync"), RUNNING)) == "not_paused"
+    assert reason(judge(rpc("skyrl_sleep_for_weight_sync"), ASLEEP_1)) == "already_asleep"
+    assert reason(judge(rpc("skyrl_sleep_for_weight_sync"), UPDATING)) == "weight_update_in_progress"
+    # A repeat would unmap what is unmapped: answered by us, as vLLM answers a method that returns nothing.
+    assert judge(rpc("skyrl_sleep_for_weight_sync"), IN_WORKER) == Noop({"results": [None]})
+    assert reason(judge(rpc("skyrl_sleep_for_weight_sync"), KV_IN_WORKER)) == "already_asleep"
+
+
+def test_wake_for_weight_sync_wakes_only_what_the_worker_put_to_sleep() -> None:
+    assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), IN_WORKER), Run)
+    assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["kv_cache"]), KV_IN_WORKER), Run)
+    assert judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), KV_IN_WORKER) == Noop({"results": [None]})
+    # Nothing known asleep: a worker sleep the proxy did not see (restarted without its state file) reads the
+    # same, so vLLM's own answer decides.
+    assert isinstance(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), KEPT), Run)
+    # Pools vLLM's own /sleep freed are woken by /wake_up, or vLLM's executor would still believe them asleep.
+    assert reason(judge(rpc("skyrl_wake_for_weight_sync", tags=["weights"]), ASLEEP_1)) == "engine_asleep"
+
+
+@pytest.mark.parametrize("op", ["sleep", "wake_up", "resume", "release_kv_cache_memory"])
+def test_vllms_own_calls_are_refused_while_the_worker_holds_the_memory_asleep(op: str) -> None:
+    # vLLM's executor does not know: /wake_up and /resume would schedule on freed memory.
+    assert reason(judge(call(op), IN_WORKER)) in ("already_asleep", "engine_asleep")
+    assert "skyrl_wake_for_weight_sync" in judge(call(op), IN_WORKER).error.message  # type: ignore[union-attr]
+
+
+def test_a_weight_push_waits_for_the_worker_to_wake_the_weights() -> None:
+    assert reason(judge(call("start_weight_update"), IN_WORKER)) == "weights_asleep"
+    assert isinstance(judge(call("start_weight_update"), KV_IN_WORKER), Run)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"method": "skyrl_wake_for_weight_sync", "kwargs": {"tags": ["weights", "gpu"]}},
+        {"method": "skyrl_wake_for_weight_sync", "kwargs": {"tags": "weights"}},
+        {"method": "skyrl_sleep_for_weight_sync", "kwargs": {"offload_kv": "yes"}},
+        {"method": "skyrl_sleep_for_weight_sync", "args": ["true"]},
+    ],
+)
+def test_malformed_worker_sleep_rpcs_are_400_naming_the_argument(body: dict[str, object]) -> None:
+    with pytest.raises(BadParameter) as raised:
+        call("collective_rpc", body=json.dumps(body).encode())
+    assert raised.value.param is not None and raised.value.param.startswith("body.")
+
+
+def test_a_drafter_session_follows_the_rules_of_a_session() -> None:
+    assert isinstance(judge(call("start_draft_weight_update"), RUNNING), Run)
+    assert isinstance(judge(call("start_draft_weight_update"), KEPT), Run)
+    # vLLM's worker holds one session at a time, the drafter's included.
+    assert reason(judge(call("start_draft_weight_update"), UPDATING)) == "weight_update_active"
+    assert reason(judge(call("start_draft_weight_update"), ASLEEP_1)) == "weights_asleep"
