@@ -9,7 +9,6 @@ streaming, an error can only end the stream, never change its status.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import http
 import json
 import logging
@@ -20,15 +19,14 @@ from functools import partial
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from .admin_token import check_admin, check_reader
 from .calls import parse_call
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .errors import (
     BodyTimeout,
     BodyTooLarge,
-    Forbidden,
     LifeguardError,
-    Unauthorized,
     UpstreamError,
     UpstreamRejected,
     UpstreamTimeout,
@@ -131,6 +129,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def state(request: web.Request) -> web.Response:
+    check_reader(request.headers, request.app[SETTINGS].admin_token, time.time())
     return web.json_response(request.app[COORDINATOR].snapshot())
 
 
@@ -147,26 +146,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
-    """Raise unless the admin token (when one is set) came with `request`; returns the header that carried it,
-    which is not forwarded to vLLM."""
-    if settings.admin_token is None:
-        return frozenset()
-    expected = settings.admin_token.get_secret_value().encode()
-    carrier = "x-lifeguard-token"
-    offered = request.headers.get("X-Lifeguard-Token")
-    if offered is None:
-        auth = request.headers.get("Authorization", "")
-        offered = auth[7:] if auth[:7].lower() == "bearer " else None
-        carrier = "authorization"
-    if offered is None:
-        raise Unauthorized("this route needs the admin token (Authorization: Bearer or X-Lifeguard-Token)")
-    try:
-        offered_bytes = offered.encode()
-    except UnicodeEncodeError:  # aiohttp keeps undecodable header bytes as surrogates
-        raise Unauthorized("the admin token must be UTF-8 text") from None
-    if not hmac.compare_digest(offered_bytes, expected):
-        raise Forbidden("the admin token is wrong")
-    return frozenset({carrier})
+    """Raise unless the admin token (when one is set) came with `request` (proxy/admin_token.py)."""
+    return check_admin(request.headers, settings.admin_token)
 
 
 def _admitted_before_body(request: web.Request, settings: Settings) -> frozenset[str]:
