@@ -25,3 +25,32 @@ def test_a_refused_connection_fails_the_engine_at_once() -> None:
     record = running_record()
     record.reconcile_with(REFUSED)
     assert record.state is State.FAILED
+
+
+# ----- what the status page draws (proxy/status_page.html)
+def test_each_transition_carries_its_time_on_the_proxy_s_clock_for_the_timeline() -> None:
+    import time
+
+    started = time.time()
+    record = running_record()
+    record.reconcile_with(REFUSED)
+    snapshot = record.snapshot()
+    assert [(t["from"], t["to"]) for t in snapshot["transitions"]] == [("STARTING", "RUNNING"), ("RUNNING", "FAILED")]
+    times = [t["at"] for t in snapshot["transitions"]]
+    assert started <= snapshot["history_since"] <= times[0] <= times[1] <= snapshot["read_at"] <= time.time()
+
+
+def test_recent_errors_keep_distinct_errors_and_count_a_repeat_instead_of_flooding() -> None:
+    metrics = Metrics(CollectorRegistry(), version="x", states=[s.value for s in State], operations=["sleep"])
+    record = EngineRecord(metrics, lambda: None)
+    for _ in range(30):  # a sidecar waits for vLLM to load: one error each round
+        record.reconcile_with(REFUSED)
+    record.reconcile_with(AWAKE)
+    record.error("verification_failed", "memory not freed")
+    errors = record.snapshot()["recent_errors"]
+    assert [(e["reason"], e["count"]) for e in errors] == [("engine_starting", 30), ("verification_failed", 1)]
+    assert errors[0]["first_at"] <= errors[0]["at"] <= errors[1]["at"]
+    assert record.snapshot()["last_error"]["reason"] == "verification_failed"
+    for n in range(20):
+        record.error("upstream_error", f"attempt {n}")
+    assert len(record.snapshot()["recent_errors"]) == 10  # bounded
