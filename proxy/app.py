@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from . import __version__
+from . import __version__, status_page
 from .config import Settings
 from .coordinator import LifecycleCoordinator
 from .forward import Forwarder
@@ -82,6 +82,7 @@ def create_app(
     app.router.add_get("/lifeguard/healthz", healthz)
     app.router.add_get("/lifeguard/readyz", readyz)
     app.router.add_get("/lifeguard/metrics", metrics.handler())
+    app.add_routes(status_page.aiohttp_routes(settings))
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app
 

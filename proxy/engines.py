@@ -16,6 +16,7 @@ of an engine passes the one `Arbiter` (proxy/arbiter.py) first. At the top level
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Iterable
 from functools import partial
 
@@ -27,6 +28,8 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from . import status_page
+from .admin_token import check_reader
 from .app import create_app
 from .arbiter import Arbiter
 from .config import Settings
@@ -84,6 +87,7 @@ def create_engines_app(settings: Settings, *, gpu: GpuMemoryReader | None = None
     app.router.add_get("/lifeguard/readyz", _readyz)
     app.router.add_get("/lifeguard/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/v1/models", _models)
+    app.add_routes(status_page.aiohttp_routes(settings))
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
 
@@ -162,6 +166,7 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _state(request: web.Request) -> web.Response:
     app = request.app
+    check_reader(request.headers, app[SETTINGS].admin_token, time.time())
     arbiter = await app[ARBITER].snapshot()
     models = app[MODELS].names()
     engines = {}

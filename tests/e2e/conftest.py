@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,11 @@ class ProxyState:
     """`/lifeguard/state` of the proxy under test, read now or polled until a predicate holds."""
 
     client: TestClient
+    #: Sent with every read of the state: the admin token when the proxy under test has one.
+    state_headers: dict[str, str]
 
     async def state(self) -> dict[str, Any]:
-        resp = await self.client.get("/lifeguard/state")
+        resp = await self.client.get("/lifeguard/state", headers=self.state_headers)
         assert resp.status == 200
         body: dict[str, Any] = await resp.json()
         return body
@@ -93,6 +95,11 @@ class Stack(ProxyState):
     settings: Settings
     # Generations the proxy's own start-up canary made before the test began.
     generate_baseline: int = 0
+
+    @property
+    def state_headers(self) -> dict[str, str]:
+        token = self.settings.admin_token
+        return {"X-Lifeguard-Token": token.get_secret_value()} if token is not None else {}
 
     @property
     def sim(self) -> Engine:
@@ -209,6 +216,7 @@ class EnginesStack(ProxyState):
     sims: dict[str, TestServer]
     gpu_file: Path
     proxy_app: web.Application
+    state_headers: dict[str, str] = field(default_factory=dict)
 
     def sim(self, name: str) -> Engine:
         engine: Engine = self.sims[name].app[SIM_ENGINE]
@@ -286,7 +294,10 @@ def make_engines(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> Ca
         server = TestServer(app)
         await server.start_server(keepalive_timeout=settings.client_idle_timeout_s)
         client = await aiohttp_client(server)
-        stack = EnginesStack(client, sims, gpu_file, app)
+        token = settings.admin_token
+        stack = EnginesStack(
+            client, sims, gpu_file, app, {"X-Lifeguard-Token": token.get_secret_value()} if token is not None else {}
+        )
         expected = {name: "SLEEPING" if name in asleep else "RUNNING" for name in names}
         await stack.wait_for(
             lambda s: (
