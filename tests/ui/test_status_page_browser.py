@@ -184,3 +184,96 @@ async def test_several_engines_show_lanes_the_gpu_lock_and_the_swap_queue(
         await page.screenshot(artifacts / "status-page-engines-after.png")
         assert page.problems == []
     assert stack.violations() == {}
+
+
+# ----- the page against states served by the test: the one-front shape, hostile text, a failing state
+HOSTILE = '<img src=x onerror="window.pwned = 1"><script>window.pwned = 2</script>'
+
+
+def flat_engine(at: float) -> dict[str, Any]:
+    return {
+        "state": "RUNNING",
+        "since": at - 20,
+        "sleep_level": None,
+        "asleep_tags": [],
+        "paused": False,
+        "weights_stale": True,
+        "weights_stale_reason": "restarted",
+        "last_error": {"reason": "engine_restarted", "message": HOSTILE, "at": at - 5},
+        "recent_errors": [{"reason": "engine_restarted", "message": HOSTILE, "at": at - 5, "count": 2}],
+        "transitions": [{"from": "FAILED", "to": "RUNNING", "at": at - 20}],
+        "history_since": at - 40,
+        "drift_events": [],
+        "read_at": at,
+        "held_requests": 0,
+        "inflight_requests": 4,
+        "last_verification": None,
+        "gpu_memory": {"available": True, "devices": [{"gpu": "0", "used_bytes": 40 << 30, "total_bytes": 80 << 30}]},
+        "upstream": HOSTILE,
+    }
+
+
+async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and_says_when_it_cannot_read(
+    aiohttp_server: Any, tmp_path: Path, artifacts: Path
+) -> None:
+    """After the one-front rewrite a single engine is under "engines" too, with the fleet fields beside it; vLLM's
+    error text (here markup) must stay text; a state that fails to load is said; a lost session stops the polling."""
+    import time
+
+    from aiohttp import web
+
+    from proxy.status_page import PAGE_PATH, page_answer
+
+    answers: list[tuple[int, Any]] = []
+    served: list[int] = []
+
+    async def page(request: web.Request) -> web.Response:
+        answer = page_answer(request.headers, None, request.path, time.time())
+        response = web.Response(status=answer.status, body=answer.body)
+        response.headers.update(answer.headers)
+        return response
+
+    async def state(request: web.Request) -> web.Response:
+        status, body = answers[0] if len(answers) == 1 else answers.pop(0)
+        served.append(status)
+        flat = flat_engine(time.time())
+        if body == "one-front":
+            body = {**flat, "engines": {"default": flat}, "gpus": {}, "swap_queue": [], "footprint_bytes": {}}
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_get(PAGE_PATH, page)
+    app.router.add_get("/lifeguard/state", state)
+    server = await aiohttp_server(app)
+    answers.append((200, "one-front"))
+    async with chromium(tmp_path / "profile", artifacts / "chromium-shapes.log") as page_:
+        await page_.navigate(str(server.make_url(PAGE_PATH)))
+        await page_.wait_for("Number(document.body.dataset.refreshes) >= 1", "a first refresh")
+        assert await page_.evaluate(
+            "[...document.querySelectorAll('.engine[data-engine]')].map(e => e.dataset.engine)"
+        ) == ["default"]
+        assert await page_.evaluate(state_text("default")) == "RUNNING"
+        assert await page_.evaluate("document.querySelector('[data-count=\"inflight\"] b').textContent") == "4"
+        tags = await page_.evaluate("[...document.querySelectorAll('.tag')].map(t => t.textContent)")
+        assert tags == ["weights stale: restarted"]
+        error = await page_.evaluate("document.querySelector('#errors [data-error]').textContent")
+        assert HOSTILE in error and "×2" in error
+        assert await page_.evaluate("document.querySelectorAll('main img, main script').length") == 0
+        assert await page_.evaluate("window.pwned === undefined")
+        assert await page_.evaluate('document.querySelector(\'[data-gpu="0"] [data-segment="default"]\') !== null')
+        drawn = await page_.evaluate(transitions("default"))
+        assert drawn == ["FAILED>RUNNING"]
+
+        answers[:] = [(503, {"error": {"message": "down"}})]
+        await page_.wait_for(
+            "document.getElementById('conn').textContent.includes('answered 503')", "a failed refresh said"
+        )
+        assert await page_.evaluate(state_text("default")) == "RUNNING"  # the last reading stays on screen
+
+        answers[:] = [(401, {"error": {"message": "no"}})]
+        await page_.wait_for("document.getElementById('conn').textContent.startsWith('signed out')", "signed out")
+        polled = len(served)
+        answers[:] = [(200, "one-front")]
+        await asyncio.sleep(2.5)  # the absence of polling is the point: 2 refresh periods and a half
+        assert len(served) == polled, "the page kept polling with a session that ended"
+        assert [p for p in page_.problems if "status of 503" not in p and "status of 401" not in p] == []
