@@ -179,3 +179,10 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
+
+
+def test_a_gpu_named_by_uuid_is_shown_by_its_name_and_an_unread_one_says_why() -> None:
+    reading = {"available": True, "devices": [{"gpu": "GPU-5f1c", "used_bytes": 58 * GIB, "total_bytes": 80 * GIB}]}
+    assert "\nGPU-5f1c  58.0/80.0 GiB used\n" in render(engine(gpu_memory=reading))
+    unread = {"available": False, "unavailable_reason": "NVML: driver not loaded", "devices": []}
+    assert "GPU  no reading for default (NVML: driver not loaded)" in render(engine(gpu_memory=unread))
