@@ -153,7 +153,8 @@ def _gpu_lines(state: dict[str, Any], engines: dict[str, dict[str, Any]]) -> lis
             lines.append(f"GPU  no reading for {name} ({memory.get('unavailable_reason')})")
             continue
         for device in memory.get("devices") or []:
-            label = f"GPU {device['gpu']}" if str(device["gpu"]).isdigit() else str(device["gpu"])  # an index, or a UUID
+            name = str(device["gpu"])  # an index, or a UUID
+            label = f"GPU {name}" if name.isdigit() else name
             lines.append(f"{label}  {_gib(device['used_bytes'])}/{_gib(device['total_bytes'])} GiB used")
     return lines
 
