@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from . import status_page
-from .admin_token import check_reader
+from .admin import check_reader, token_bytes
 from .app import create_app
 from .arbiter import Arbiter
 from .config import Settings
@@ -166,7 +166,7 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _state(request: web.Request) -> web.Response:
     app = request.app
-    check_reader(request.headers, app[SETTINGS].admin_token, time.time())
+    check_reader(list(request.raw_headers), token_bytes(app[SETTINGS].admin_token), time.time())
     arbiter = await app[ARBITER].snapshot()
     models = app[MODELS].names()
     engines = {}

@@ -19,7 +19,7 @@ from functools import partial
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from .admin_token import check_admin, check_reader
+from .admin import admin_carrier, check_reader, token_bytes
 from .calls import parse_call
 from .config import Settings
 from .coordinator import LifecycleCoordinator
@@ -129,7 +129,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def state(request: web.Request) -> web.Response:
-    check_reader(request.headers, request.app[SETTINGS].admin_token, time.time())
+    check_reader(list(request.raw_headers), token_bytes(request.app[SETTINGS].admin_token), time.time())
     return web.json_response(request.app[COORDINATOR].snapshot())
 
 
@@ -146,8 +146,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
-    """Raise unless the admin token (when one is set) came with `request` (proxy/admin_token.py)."""
-    return check_admin(request.headers, settings.admin_token)
+    """Raise unless the admin token (when one is set) came with `request` (proxy/admin.py)."""
+    carrier = admin_carrier(list(request.raw_headers), token_bytes(settings.admin_token))
+    return frozenset(name.decode() for name in carrier)
 
 
 def _admitted_before_body(request: web.Request, settings: Settings) -> frozenset[str]:

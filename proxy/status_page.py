@@ -2,12 +2,13 @@
 
 The page (`status_page.html`, a package resource: no build step, nothing fetched from elsewhere) reads the state
 itself, in either shape (several engines under `"engines"`, or one engine's flat snapshot). This module answers
-the page's two requests, as pure functions any front can call (headers and body in, an `Answer` out), and wires
-them into the aiohttp application at the end.
+the page's two requests, as pure functions any front can call (the request's headers as llhttp gives them and
+its body in, an `Answer` shaped as the raw front's `wire.Answer` out), and wires them into the aiohttp
+application at the end.
 
 With `admin_token` set, a browser cannot put the token in a header of a page it navigates to, so the page
 answers 401 with a sign-in form; the form POSTs the token (never in a URL, a history or an access log) and gets
-back a session cookie for the page and `/lifeguard/state` only (proxy/admin_token.py): HttpOnly, SameSite=Strict,
+back a session cookie for the page and `/lifeguard/state` only (proxy/admin.py): HttpOnly, SameSite=Strict,
 Path of the page's folder, an HMAC of the token and its expiry (12 h), never the token. Scripts send the token in
 a header, as on every other guarded route.
 
@@ -19,20 +20,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import html
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from urllib.parse import parse_qs
 
 from aiohttp import web
-from pydantic import SecretStr
 
-from .admin_token import SESSION_S, check_reader, session_cookie_name, session_value, token_matches
+from .admin import SESSION_S, check_reader, header, session_cookie_name, session_value, token_bytes
 from .config import Settings
-from .errors import BadParameter, Forbidden, LifeguardError, Unauthorized
+from .errors import BadParameter, Forbidden, LifeguardError
 
 PAGE_PATH = "/lifeguard/ui"
 PAGE = resources.files(__package__).joinpath("status_page.html").read_bytes()
@@ -43,7 +43,7 @@ def _inline_hashes(page: str, tag: str) -> str:
     return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in bodies)
 
 
-def _headers(page: bytes) -> dict[str, str]:
+def _headers(page: bytes) -> tuple[tuple[bytes, bytes], ...]:
     text = page.decode()
     scripts = _inline_hashes(text, "script") or "'none'"
     policy = (
@@ -51,14 +51,13 @@ def _headers(page: bytes) -> dict[str, str]:
         f"style-src {_inline_hashes(text, 'style')}; connect-src 'self'; img-src data:; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'"
     )
-    return {
-        "Content-Type": "text/html; charset=utf-8",
-        "Content-Security-Policy": policy,
-        "Cache-Control": "no-store",
-        "X-Content-Type-Options": "nosniff",
-        "X-Frame-Options": "DENY",
-        "Referrer-Policy": "no-referrer",
-    }
+    return (
+        (b"Content-Security-Policy", policy.encode()),
+        (b"Cache-Control", b"no-store"),
+        (b"X-Content-Type-Options", b"nosniff"),
+        (b"X-Frame-Options", b"DENY"),
+        (b"Referrer-Policy", b"no-referrer"),
+    )
 
 
 _SIGN_IN = """<!doctype html>
@@ -83,14 +82,21 @@ input { width: 100%; padding: 6px 8px; font: inherit; margin: 6px 0 12px; } butt
 """
 
 
-@dataclass(frozen=True)
+HTML = b"text/html; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
+    """A whole response, field for field the raw front's `wire.Answer`."""
+
     status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
+    body: bytes
+    content_type: bytes | None = HTML
+    headers: tuple[tuple[bytes, bytes], ...] = field(default_factory=tuple)
 
 
 PAGE_HEADERS = _headers(PAGE)
+_NO_STORE = ((b"Cache-Control", b"no-store"),)
 
 
 def _page_name(path: str) -> str:
@@ -100,64 +106,66 @@ def _page_name(path: str) -> str:
 def _sign_in(error: LifeguardError, path: str) -> Answer:
     body = _SIGN_IN.replace("{action}", html.escape(_page_name(path))).replace("{why}", html.escape(error.message))
     encoded = body.encode()
-    return Answer(error.status, {**_headers(encoded), "X-Lifeguard-Reason": error.reason}, encoded)
+    return Answer(error.status, encoded, HTML, (*_headers(encoded), (b"X-Lifeguard-Reason", error.reason.encode())))
 
 
-def page_answer(headers: Mapping[str, str], expected: SecretStr | None, path: str, now: float) -> Answer:
-    """`GET /lifeguard/ui`: the page, or the sign-in form with 401 (no token, no session) or 403 (a wrong token)."""
+def page_answer(headers: list[tuple[bytes, bytes]], token: bytes | None, path: str, now: float) -> Answer:
+    """`GET /lifeguard/ui` (`path`: as the client sent it, mount included): the page, or the sign-in form with 401
+    (no token, no session) or 403 (a wrong token)."""
     try:
-        check_reader(headers, expected, now)
+        check_reader(headers, token, now)
     except LifeguardError as exc:
         return _sign_in(exc, path)
-    return Answer(200, dict(PAGE_HEADERS), PAGE)
+    return Answer(200, PAGE, HTML, PAGE_HEADERS)
 
 
 def sign_in_answer(
-    headers: Mapping[str, str], form: bytes, expected: SecretStr | None, path: str, now: float
+    headers: list[tuple[bytes, bytes]], form: bytes, token: bytes | None, path: str, now: float
 ) -> Answer:
     """`POST /lifeguard/ui` from the sign-in form: 303 back to the page with the session cookie, or the form again
-    with 400 (no token in it), 401 (not UTF-8) or 403 (a wrong token)."""
-    page = _page_name(path)
-    if expected is None:
-        return Answer(303, {"Location": page, "Cache-Control": "no-store"})
+    with 400 (no token in it, or not UTF-8) or 403 (a wrong token)."""
+    page = _page_name(path).encode()
+    if token is None:
+        return Answer(303, b"", None, ((b"Location", page), *_NO_STORE))
     try:
         fields = parse_qs(form.decode("ascii"), max_num_fields=8, errors="strict")
     except ValueError:  # not ASCII, a bad %-escape in UTF-8, too many fields
         fields = {}
-    tokens = fields.get("token", [])
-    if len(tokens) != 1 or not tokens[0]:
+    offered = fields.get("token", [])
+    if len(offered) != 1 or not offered[0]:
         return _sign_in(BadParameter("the form must carry exactly one token", param="token"), path)
-    try:
-        matches = token_matches(tokens[0], expected)
-    except Unauthorized as exc:
-        return _sign_in(exc, path)
-    if not matches:
+    if not hmac.compare_digest(offered[0].encode(), token):
         return _sign_in(Forbidden("the admin token is wrong"), path)
     folder = path.rstrip("/").rpartition("/")[0]
     if not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", folder):
         folder = "/lifeguard"
     cookie = (
-        f"{session_cookie_name(headers.get('Host'))}={session_value(expected, int(now) + SESSION_S)}; "
+        f"{session_cookie_name(header(headers, b'host'))}={session_value(token, int(now) + SESSION_S)}; "
         f"Path={folder}; HttpOnly; SameSite=Strict"
     )
-    return Answer(303, {"Location": page, "Set-Cookie": cookie, "Cache-Control": "no-store"})
+    return Answer(303, b"", None, ((b"Location", page), (b"Set-Cookie", cookie.encode()), *_NO_STORE))
 
 
 # ----- the aiohttp application's wiring (proxy/app.py, proxy/engines.py)
 def aiohttp_routes(settings: Settings) -> list[web.RouteDef]:
     from .handlers import read_body
 
+    token = token_bytes(settings.admin_token)
+
     async def page(request: web.Request) -> web.Response:
-        return _response(page_answer(request.headers, settings.admin_token, request.path, time.time()))
+        return _response(page_answer(list(request.raw_headers), token, request.path, time.time()))
 
     async def sign_in(request: web.Request) -> web.Response:
         form = await read_body(request, settings)
-        return _response(sign_in_answer(request.headers, form, settings.admin_token, request.path, time.time()))
+        return _response(sign_in_answer(list(request.raw_headers), form, token, request.path, time.time()))
 
     return [web.get(PAGE_PATH, page), web.post(PAGE_PATH, sign_in)]
 
 
 def _response(answer: Answer) -> web.Response:
     response = web.Response(status=answer.status, body=answer.body)
-    response.headers.update(answer.headers)
+    if answer.content_type is not None:
+        response.headers["Content-Type"] = answer.content_type.decode()
+    for name, value in answer.headers:
+        response.headers.add(name.decode(), value.decode("latin-1"))
     return response

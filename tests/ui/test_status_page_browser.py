@@ -222,16 +222,11 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
 
     from aiohttp import web
 
-    from proxy.status_page import PAGE_PATH, page_answer
+    from proxy.config import Settings
+    from proxy.status_page import PAGE_PATH, aiohttp_routes
 
     answers: list[tuple[int, Any]] = []
     served: list[int] = []
-
-    async def page(request: web.Request) -> web.Response:
-        answer = page_answer(request.headers, None, request.path, time.time())
-        response = web.Response(status=answer.status, body=answer.body)
-        response.headers.update(answer.headers)
-        return response
 
     async def state(request: web.Request) -> web.Response:
         status, body = answers[0] if len(answers) == 1 else answers.pop(0)
@@ -242,7 +237,7 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
         return web.json_response(body, status=status)
 
     app = web.Application()
-    app.router.add_get(PAGE_PATH, page)
+    app.add_routes(aiohttp_routes(Settings(upstream="http://127.0.0.1:1")))  # the page, served as the proxy does
     app.router.add_get("/lifeguard/state", state)
     server = await aiohttp_server(app)
     answers.append((200, "one-front"))
