@@ -210,13 +210,19 @@ def flat_engine(at: float) -> dict[str, Any]:
         "last_verification": None,
         "gpu_memory": {"available": True, "devices": [{"gpu": "0", "used_bytes": 40 << 30, "total_bytes": 80 << 30}]},
         "upstream": HOSTILE,
+        # what the one-front rewrite adds to an engine's snapshot
+        "name": "default",
+        "gpus": [0],
+        "pinned": False,
+        "models": ["tiny"],
+        "base_url": "/engines/default/",
     }
 
 
 async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and_says_when_it_cannot_read(
     aiohttp_server: Any, tmp_path: Path, artifacts: Path
 ) -> None:
-    """After the one-front rewrite a single engine is under "engines" too, with the fleet fields beside it; vLLM's
+    """After the one-front rewrite a single engine is under "engines" too, its own fields beside it; vLLM's
     error text (here markup) must stay text; a state that fails to load is said; a lost session stops the polling."""
     import time
 
@@ -233,7 +239,7 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
         served.append(status)
         flat = flat_engine(time.time())
         if body == "one-front":
-            body = {**flat, "engines": {"default": flat}, "gpus": {}, "swap_queue": [], "footprint_bytes": {}}
+            body = {**flat, "engines": {"default": flat}}  # one engine: its own fields at the top, "gpus" a list
         return web.json_response(body, status=status)
 
     app = web.Application()

@@ -41,11 +41,9 @@ def test_each_transition_carries_its_time_on_the_proxy_s_clock_for_the_timeline(
 
 
 def test_recent_errors_keep_distinct_errors_and_count_a_repeat_instead_of_flooding() -> None:
-    metrics = Metrics(CollectorRegistry(), version="x", states=[s.value for s in State], operations=["sleep"])
-    record = EngineRecord(metrics, lambda: None)
-    for _ in range(30):  # a sidecar waits for vLLM to load: one error each round
-        record.reconcile_with(REFUSED)
-    record.reconcile_with(AWAKE)
+    record = running_record()
+    for _ in range(30):  # e.g. a sidecar waiting for vLLM to load says so each round
+        record.error("engine_starting", "/health is not 200 yet")
     record.error("verification_failed", "memory not freed")
     errors = record.snapshot()["recent_errors"]
     assert [(e["reason"], e["count"]) for e in errors] == [("engine_starting", 30), ("verification_failed", 1)]

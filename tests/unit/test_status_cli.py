@@ -146,12 +146,16 @@ def test_several_engines_a_line_each_the_gpu_lock_and_the_swap_queue() -> None:
 
 
 def test_the_one_engine_of_the_rewritten_front_is_read_from_engines_too() -> None:
-    """After the one-front rewrite a single engine is `engines: {default: ...}` with its fields also at the top."""
-    flat = engine()
-    both = {**flat, "engines": {"default": flat}, "gpus": {}, "swap_queue": []}
+    """After the one-front rewrite a single engine is `engines: {default: ...}` with its own fields also at the top,
+    where its `gpus` is its list of GPU indices (the fleet's per-GPU view comes only with several engines)."""
+    reading = {"available": True, "devices": [{"gpu": "0", "used_bytes": 3 * GIB, "total_bytes": 80 * GIB}]}
+    flat = engine(name="default", gpus=[0], pinned=False, models=["tiny"], gpu_memory=reading)
+    both = {**flat, "engines": {"default": flat}}
     assert engines_in(both) == {"default": flat}
     assert engines_in(flat) == {"default": flat}
-    assert "swap queue: empty" in render(both)
+    text = render(both)
+    assert text.splitlines()[1].split()[:2] == ["default", "RUNNING"] and len(lines(text)) == 5
+    assert "GPU 0  3.0/80.0 GiB used" in text and "swap queue" not in text
 
 
 @pytest.mark.parametrize(
