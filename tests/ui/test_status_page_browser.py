@@ -228,8 +228,7 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
 
     from aiohttp import web
 
-    from proxy.config import Settings
-    from proxy.status_page import PAGE_PATH, aiohttp_routes
+    from proxy.status_page import PAGE_PATH, page_answer
 
     answers: list[tuple[int, Any]] = []
     served: list[int] = []
@@ -243,7 +242,14 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
         return web.json_response(body, status=status)
 
     app = web.Application()
-    app.add_routes(aiohttp_routes(Settings(upstream="http://127.0.0.1:1")))  # the page, served as the proxy does
+
+    async def page(request: web.Request) -> web.Response:  # the page as the proxy answers it
+        answer = page_answer(list(request.raw_headers), None, request.path, time.time())
+        response = web.Response(status=answer.status, body=answer.body, content_type="text/html")
+        response.headers.update({name.decode(): value.decode() for name, value in answer.headers})
+        return response
+
+    app.router.add_get(PAGE_PATH, page)
     app.router.add_get("/lifeguard/state", state)
     server = await aiohttp_server(app)
     answers.append((200, "one-front"))
