@@ -13,10 +13,13 @@ Nothing here knows HTTP framing: each answer is a `wire.Answer`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from . import status_page
+from .admin import check_reader, token_bytes
 from .calls import parse_call
 from .engine import Engine
 from .errors import LifeguardError, MethodNotAllowed, NotFound
@@ -59,6 +62,8 @@ def outcome_answer(outcome: Outcome) -> Answer:
 
 async def own(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
     """One of the proxy's own routes."""
+    if route.path == status_page.PAGE_PATH:
+        return _status_page(fleet, route, request)
     handler = _OWN.get(route.path) if route.path != "/v1/models" else _models
     if handler is None:
         raise NotFound(f"the proxy serves no {route.path}; its own routes are: {', '.join(_OWN)}")
@@ -67,7 +72,19 @@ async def own(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
     return await handler(fleet, route.engine, request)
 
 
+def _status_page(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
+    """The status page, or (POST) its sign-in form's answer; `path` as the browser sees it, for the cookie's Path."""
+    token = token_bytes(fleet.settings.admin_token)
+    path = (f"/engines/{route.engine.name}" if route.engine is not None else "") + route.path
+    if request.method in (b"GET", b"HEAD"):
+        return status_page.page_answer(request.headers, token, path, time.time())
+    if request.method == b"POST":
+        return status_page.sign_in_answer(request.headers, request.whole_body(), token, path, time.time())
+    raise MethodNotAllowed(f"{route.path} answers GET, and POST from its sign-in form")
+
+
 async def _state(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    check_reader(request.headers, token_bytes(fleet.settings.admin_token), time.time())
     models = fleet.directory.names()
     if engine is not None:
         return json_answer({**engine.snapshot(), "models": models[engine.name]})

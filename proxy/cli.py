@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--on-sleeping", choices=get_args(OnSleeping), help="what a request to a sleeping engine gets")
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
+    sub.add_parser("status", help="a proxy's state as a table (see `vllm-lifeguard status --help`)", add_help=False)
     return parser
 
 
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from lifeguard_sim.cli import main as sim_main
 
         return sim_main(args_list[1:])
+    if args_list[:1] == ["status"]:
+        from .status_cli import main as status_main
+
+        return status_main(args_list[1:])
     args = build_parser().parse_args(args_list)
     import os
 

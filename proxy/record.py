@@ -77,7 +77,10 @@ class EngineRecord:
         self.canary_due = False
         self.failure_kind: FailureKind | None = None
         self.last_error: dict[str, Any] | None = None
+        # The last few distinct errors, for the status page; a repeat of the latest one counts on it.
+        self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=10)
         self.since = time.time()
+        self.history_since = self.since  # the transitions (the last 50) are this record's, from its start
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
         self._ever_running = False
@@ -224,7 +227,14 @@ class EngineRecord:
             self._set(weights_stale=None)
 
     def error(self, reason: str, message: str) -> None:
-        self.last_error = {"reason": reason, "message": message, "at": time.time()}
+        now = time.time()
+        self.last_error = {"reason": reason, "message": message, "at": now}
+        latest = self.errors[-1] if self.errors else None
+        if latest is not None and (latest["reason"], latest["message"]) == (reason, message):
+            latest["at"] = now  # a STARTING engine says "/health is not 200 yet" every round
+            latest["count"] += 1
+        else:
+            self.errors.append({"reason": reason, "message": message, "at": now, "first_at": now, "count": 1})
 
     def set_failed(self, kind: FailureKind, message: str) -> None:
         self.failure_kind = kind
@@ -375,8 +385,12 @@ class EngineRecord:
             "weights_stale_reason": self.weights_stale,
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
+            "recent_errors": [dict(e) for e in self.errors],
             "transitions": list(self.history),
+            "history_since": self.history_since,
             "drift_events": list(self.drift_events),
+            # The proxy's clock when this was read: a page on another machine draws the transitions' `at` against it.
+            "read_at": time.time(),
         }
 
 

@@ -165,7 +165,7 @@ class Stack:
             index += len(group)
 
     async def state(self) -> dict[str, Any]:
-        async with self.proxy.get("/lifeguard/state") as response:
+        async with self.proxy.get("/lifeguard/state", headers=self.headers) as response:
             assert response.status == 200
             result: dict[str, Any] = await response.json()
             return result

@@ -40,7 +40,9 @@ class ProxyState:
     client: TestClient
 
     async def state(self) -> dict[str, Any]:
-        resp = await self.client.get("/lifeguard/state")
+        token = lifeguard_of(self.client).settings.admin_token  # the state needs it when one is set
+        headers = {"X-Lifeguard-Token": token.get_secret_value()} if token is not None else {}
+        resp = await self.client.get("/lifeguard/state", headers=headers)
         assert resp.status == 200
         body: dict[str, Any] = await resp.json()
         return body

@@ -119,10 +119,17 @@ async def test_inference_needs_no_admin_token(make_stack: Callable[..., Awaitabl
     assert resp.status == 200
 
 
-async def test_the_proxy_s_own_routes_need_no_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+async def test_probes_and_metrics_need_no_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+    """Kubelet probes and Prometheus carry no token; the state (hosts, errors) and the status page do need it."""
     stack = await make_stack(admin_token=TOKEN)
-    for path in ("/lifeguard/state", "/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/metrics"):
+    for path in ("/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/metrics"):
         assert (await stack.client.get(path)).status == 200, path
+    for path in ("/lifeguard/state", "/lifeguard/ui"):
+        refused = await stack.client.get(path)
+        assert refused.status == 401, path
+        assert refused.headers["X-Lifeguard-Reason"] == "unauthorized"
+        assert (await stack.client.get(path, headers={"X-Lifeguard-Token": "wrong"})).status == 403, path
+        assert (await stack.client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})).status == 200, path
 
 
 def test_the_token_does_not_show_in_the_settings_repr() -> None:
@@ -176,7 +183,9 @@ async def _echo_stack(aiohttp_server: Any, serve_lifeguard: Any, **overrides: An
                         reconcile_interval_s=0.2, **overrides)  # fmt: skip
     client: TestClient[Any, Any] = await serve_lifeguard(settings)
     deadline = time.monotonic() + 5
-    while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
+    token = overrides.get("admin_token")
+    headers = {"X-Lifeguard-Token": token} if token else {}
+    while (await (await client.get("/lifeguard/state", headers=headers)).json())["state"] != "RUNNING":
         assert time.monotonic() < deadline, "the proxy never reached RUNNING"
         await asyncio.sleep(0.01)
     return client, echo

@@ -81,3 +81,30 @@ def test_memory_a_worker_rpc_put_to_sleep_stays_asleep_through_reconcile_and_kee
     assert record.asleep_outside_vllm
     record.woke(frozenset())
     assert not record.asleep_outside_vllm and record.asleep_tags == frozenset()
+
+
+# ----- what the status page draws (proxy/status_page.html)
+def test_each_transition_carries_its_time_on_the_proxy_s_clock_for_the_timeline() -> None:
+    import time
+
+    started = time.time()
+    record = running_record()
+    record.reconcile_with(REFUSED)
+    snapshot = record.snapshot()
+    assert [(t["from"], t["to"]) for t in snapshot["transitions"]] == [("STARTING", "RUNNING"), ("RUNNING", "FAILED")]
+    times = [t["at"] for t in snapshot["transitions"]]
+    assert started <= snapshot["history_since"] <= times[0] <= times[1] <= snapshot["read_at"] <= time.time()
+
+
+def test_recent_errors_keep_distinct_errors_and_count_a_repeat_instead_of_flooding() -> None:
+    record = running_record()
+    for _ in range(30):  # e.g. a sidecar waiting for vLLM to load says so each round
+        record.error("engine_starting", "/health is not 200 yet")
+    record.error("verification_failed", "memory not freed")
+    errors = record.snapshot()["recent_errors"]
+    assert [(e["reason"], e["count"]) for e in errors] == [("engine_starting", 30), ("verification_failed", 1)]
+    assert errors[0]["first_at"] <= errors[0]["at"] <= errors[1]["at"]
+    assert record.snapshot()["last_error"]["reason"] == "verification_failed"
+    for n in range(20):
+        record.error("upstream_error", f"attempt {n}")
+    assert len(record.snapshot()["recent_errors"]) == 10  # bounded
