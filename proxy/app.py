@@ -86,7 +86,9 @@ class Lifeguard:
                 config,
                 metrics=metrics.engine(config.name),
                 # Alone, an engine's memory is the devices'; beside others, only its own share can say.
-                gpu=make_engine_reader(settings.gpu_probe, config.name) if several else devices,
+                gpu=make_engine_reader(settings.gpu_probe, config.name, config.upstream, settings.gpu_devices)
+                if several
+                else devices,
                 session=self._session,
             )
             for config in self.engine_settings

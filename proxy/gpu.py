@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from .processes import EngineProcesses
+
+log = logging.getLogger("lifeguard.gpu")
 
 
 @dataclass(frozen=True)
@@ -97,12 +103,16 @@ class FileReader:
 
 @dataclass
 class NvmlReader:
-    """NVML through `nvidia-ml-py` (module `pynvml`). `devices`: indices or UUIDs; empty = all visible."""
+    """NVML through `nvidia-ml-py` (module `pynvml`). `devices`: indices or UUIDs; empty = all visible.
+    `processes`: read one engine's own memory, its processes' on each device (NVML's per-process list), instead
+    of the devices' totals: what tells one engine from another on a shared GPU."""
 
     devices: tuple[str, ...] = ()
+    processes: EngineProcesses | None = None
     _handles: list[tuple[str, Any]] | None = field(default=None, init=False, repr=False)
     _failed: str | None = field(default=None, init=False, repr=False)
     _initialised: bool = field(default=False, init=False, repr=False)
+    _said_unseen: bool = field(default=False, init=False, repr=False)
 
     async def read(self) -> GpuReading:
         return await asyncio.to_thread(self._read_blocking)
@@ -114,6 +124,9 @@ class NvmlReader:
             return GpuReading(unavailable=f"nvidia-ml-py is not installed: {exc}")
         if self._failed is not None:
             return GpuReading(unavailable=self._failed)
+        pids = self._pids()
+        if pids is not None and not pids:
+            return GpuReading(unavailable=self._unseen())
         try:
             if not self._initialised:
                 pynvml.nvmlInit()  # reference-counted by NVML: once per process is enough
@@ -126,7 +139,8 @@ class NvmlReader:
             devices = []
             for name, handle in self._handles:
                 info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                devices.append(DeviceMemory(name, int(info.used), int(info.total)))
+                used = int(info.used) if pids is None else _own_bytes(pynvml, handle, pids)
+                devices.append(DeviceMemory(name, used, int(info.total)))
         except pynvml.NVMLError as exc:
             reason = f"NVML: {exc}"
             if isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)):
@@ -135,6 +149,20 @@ class NvmlReader:
                 self._handles = None  # e.g. GPU lost: re-resolve next time
             return GpuReading(unavailable=reason)
         return GpuReading(devices=tuple(devices))
+
+    def _pids(self) -> frozenset[int] | None:
+        return self.processes.pids() if self.processes is not None else None
+
+    def _unseen(self) -> str:
+        assert self.processes is not None
+        reason = (
+            f"the engine's processes (the one listening on port {self.processes.port} and its children) cannot be "
+            "seen from here: share the pod's process namespace (shareProcessNamespace: true)"
+        )
+        if not self._said_unseen:
+            log.warning("per-engine GPU memory unavailable: %s", reason, extra={"event": "engine_processes_unseen"})
+            self._said_unseen = True
+        return reason
 
     def _resolve(self, pynvml: Any) -> list[tuple[str, Any]]:
         if not self.devices:
@@ -149,18 +177,36 @@ class NvmlReader:
 
 
 class SharedGpuReader:
-    """One engine among several on the same GPUs, where only the device totals can be read (NVML): its own
-    use is unknown, so its verification reports the memory check unavailable rather than guess."""
+    """One engine among several on the same GPUs, where only the device totals can be read: its own use is
+    unknown, so its verification reports the memory check unavailable rather than guess."""
 
     async def read(self) -> GpuReading:
         return GpuReading(unavailable="the GPU is shared by several engines and the probe reads device totals only")
 
 
-def make_engine_reader(probe: str, engine: str) -> GpuMemoryReader:
-    """The memory of one engine of several (`engines:`): its own entry in a shared GPU file, else unavailable."""
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def make_engine_reader(probe: str, engine: str, upstream: str, devices: tuple[str, ...] = ()) -> GpuMemoryReader:
+    """The memory of one engine of several (`engines:`): its own entry in a shared GPU file; with NVML, its own
+    processes' memory when it runs on this host (in the pod); else unavailable."""
     if probe.startswith("file:"):
         return FileReader(probe[len("file:") :], engine=engine)
+    url = urlsplit(upstream)
+    if probe == "nvml" and url.hostname in _LOOPBACK and url.port is not None:
+        return NvmlReader(devices, processes=EngineProcesses(url.port))
+    if probe == "none":
+        return NoGpuReader()
     return SharedGpuReader()
+
+
+def _own_bytes(pynvml: Any, handle: Any, pids: frozenset[int]) -> int:
+    """What `pids` hold on the device, by NVML's per-process list (a value it cannot tell counts nothing)."""
+    own = 0
+    for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if process.pid in pids and isinstance(process.usedGpuMemory, int):
+            own += process.usedGpuMemory
+    return own
 
 
 def make_reader(probe: str, devices: tuple[str, ...] = ()) -> GpuMemoryReader:

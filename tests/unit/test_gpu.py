@@ -17,7 +17,15 @@ from typing import Any
 import pynvml
 import pytest
 
-from proxy.gpu import FileReader, GpuReading, NoGpuReader, NvmlReader, SharedGpuReader, make_engine_reader, make_reader
+from proxy.gpu import (
+    FileReader,
+    GpuReading,
+    NoGpuReader,
+    NvmlReader,
+    SharedGpuReader,
+    make_engine_reader,
+    make_reader,
+)
 
 GIB = 1 << 30
 
@@ -265,15 +273,92 @@ async def test_one_engine_of_several_reads_its_own_entry_of_a_shared_gpu_file(tm
     path = tmp_path / "gpu.json"
     own = {"used_bytes": 5, "total_bytes": 80, "devices": [{"index": 0, "used_bytes": 5, "total_bytes": 80}]}
     path.write_text(json.dumps({"used_bytes": 55, "total_bytes": 80, "engines": {"a": own}}))
-    reading = await make_engine_reader(f"file:{path}", "a").read()
+    upstream = "http://127.0.0.1:8000"
+    reading = await make_engine_reader(f"file:{path}", "a", upstream).read()
     assert reading.available and reading.used_bytes == 5 and reading.total_bytes == 80
-    missing = await make_engine_reader(f"file:{path}", "b").read()
+    missing = await make_engine_reader(f"file:{path}", "b", upstream).read()
     assert not missing.available and "engine 'b'" in (missing.unavailable or "")
     path.write_text(json.dumps({"used_bytes": 55, "total_bytes": 80, "engines": ["not", "a", "map"]}))
-    assert not (await make_engine_reader(f"file:{path}", "a").read()).available
+    assert not (await make_engine_reader(f"file:{path}", "a", upstream).read()).available
 
 
-async def test_with_nvml_one_engine_of_several_has_no_memory_of_its_own() -> None:
-    reader = make_engine_reader("nvml", "a")
-    assert isinstance(reader, SharedGpuReader)
-    assert "shared by several engines" in ((await reader.read()).unavailable or "")
+async def test_with_nvml_an_engine_elsewhere_has_no_memory_of_its_own_one_in_the_pod_reads_its_processes() -> None:
+    elsewhere = make_engine_reader("nvml", "a", "http://10.0.0.7:8000")
+    assert isinstance(elsewhere, SharedGpuReader)
+    assert "shared by several engines" in ((await elsewhere.read()).unavailable or "")
+    here = make_engine_reader("nvml", "a", "http://127.0.0.1:8001", ("GPU-aaaa",))
+    assert isinstance(here, NvmlReader) and here.processes is not None and here.processes.port == 8001
+    assert here.devices == ("GPU-aaaa",)
+    assert isinstance(make_engine_reader("none", "a", "http://127.0.0.1:8001"), NoGpuReader)
+
+
+# ----- NVML per process: one engine's own memory on a shared GPU
+class Pids:
+    """An engine's processes as proxy/processes.py finds them (a fixed set here)."""
+
+    def __init__(self, port: int, *pids: int) -> None:
+        self.port = port
+        self.now = frozenset(pids)
+
+    def pids(self) -> frozenset[int]:
+        return self.now
+
+
+@pytest.fixture
+def per_process(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> dict[int, list[tuple[int, int | None]]]:
+    """NVML's compute processes per device handle: (pid, used bytes or None when NVML cannot tell)."""
+    listed: dict[int, list[tuple[int, int | None]]] = {0: [], 1: []}
+
+    def processes(handle: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in listed[handle]]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", processes)
+    return listed
+
+
+async def test_an_engines_own_memory_is_what_its_processes_hold_on_each_gpu(
+    per_process: dict[int, list[tuple[int, int | None]]],
+) -> None:
+    per_process[0] = [(101, 20 * GIB), (102, 30 * GIB), (201, 25 * GIB), (999, None)]
+    per_process[1] = [(102, 4 * GIB)]
+    policy = NvmlReader(processes=Pids(8000, 101, 102))  # type: ignore[arg-type]
+    judge = NvmlReader(processes=Pids(8001, 201))  # type: ignore[arg-type]
+    mine = await policy.read()
+    assert [(d.gpu, d.used_bytes, d.total_bytes) for d in mine.devices] == [("0", 50 * GIB, 80 * GIB),
+                                                                             ("1", 4 * GIB, 80 * GIB)]  # fmt: skip
+    assert (await judge.read()).used_bytes == 25 * GIB
+
+
+async def test_a_lying_sleep_of_one_engine_is_caught_while_its_neighbour_frees_memory_at_the_same_moment(
+    per_process: dict[int, list[tuple[int, int | None]]],
+) -> None:
+    """Device totals cannot tell them apart: the device drops by the honest engine's 48 GiB, which is more than
+    half of the liar's own 50 GiB, so a device-level check would pass the liar's sleep too."""
+    from test_probes import ASLEEP, FakeClient
+
+    from proxy.config import Settings
+    from proxy.probes import CheckResult, Expectation, MemoryChange, Verifier
+
+    per_process[0] = [(101, 50 * GIB), (201, 50 * GIB)]
+    settings = Settings(upstream="http://127.0.0.1:1", verify_timeout_s=0.05, verify_poll_interval_s=0.01)
+    liar = Verifier(FakeClient([ASLEEP]), NvmlReader(processes=Pids(8000, 101)), settings)  # type: ignore[arg-type]
+    honest = Verifier(FakeClient([ASLEEP]), NvmlReader(processes=Pids(8001, 201)), settings)  # type: ignore[arg-type]
+    for verifier in (liar, honest):
+        verifier.note_awake(await verifier.read_memory())
+    per_process[0] = [(101, 50 * GIB), (201, 2 * GIB)]  # both said 200 to /sleep; only the honest one freed
+    freed = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED)
+    caught = await liar.verify(freed, memory_before=None)
+    passed = await honest.verify(freed, memory_before=None)
+    assert caught.failed is not None and caught.failed.name == "memory" and caught.failed.result is CheckResult.FAIL
+    assert passed.failed is None and [c.result for c in passed.checks][-1] is CheckResult.PASS
+
+
+async def test_an_engine_whose_processes_cannot_be_seen_is_unavailable_said_once(
+    per_process: dict[int, list[tuple[int, int | None]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = NvmlReader(processes=Pids(8000))  # type: ignore[arg-type]
+    for _ in range(3):
+        reading = await reader.read()
+        assert not reading.available and "shareProcessNamespace" in (reading.unavailable or "")
+    said = [r for r in caplog.records if r.name == "lifeguard.gpu" and "per-engine GPU memory unavailable" in r.message]
+    assert len(said) == 1
