@@ -7,7 +7,9 @@
 # memory the proxy read, and that a lying sleep and a lying wake (the simulator's lie-memory fault) are
 # each answered 503 verification_failed with the true state kept. The figures (device memory before/after
 # each step, what the proxy read, verification seconds) go to $OUT/gpu-check.json, or ./gpu-check.json
-# when $OUT is unset.
+# when $OUT is unset. Then two such simulators on the same GPU behind one proxy of `engines:` (each engine's
+# memory its own processes', NVML's per-process list): both put to sleep at once, one lying, which its own
+# memory check must catch while the other's honest sleep moves the device; figures in gpu-check-engines.json.
 #
 # Without CUDA (no torch or no GPU), or with --dry-run, the same steps run against the simulator's
 # simulated memory (`--memory simulated --gpu-file`) and the proxy's `--gpu-probe file:` probe, and the
@@ -93,4 +95,41 @@ if ((rc != 0)); then
   echo "--- proxy log" >&2; tail -n 40 "$WORK/proxy.log" >&2
   echo "--- simulator log" >&2; tail -n 40 "$WORK/engine.log" >&2
 fi
-exit "$rc"
+kill "${PIDS[@]}" 2>/dev/null || true
+wait "${PIDS[@]}" 2>/dev/null || true
+PIDS=()
+
+# --- two engines on one GPU, each verified against its own memory
+CONFIG="$WORK/engines.yaml"
+echo "engines:" >"$CONFIG"
+ENGINE_URLS=()
+for name in a b; do
+  port="$(free_port)"
+  if [[ "$MODE" == gpu ]]; then
+    args=(--memory cuda)
+  else
+    args=(--memory simulated --gpu-file "$WORK/shared-gpu.json" --gpu-file-engine "$name")
+  fi
+  "$PYTHON" -m proxy sim --port "$port" --log-level warning --model "model-$name" \
+    --weights-gib "${WEIGHTS_GIB:-4}" --kv-gib "${KV_GIB:-4}" "${args[@]}" >"$WORK/engine-$name.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$port/health" 60 "$!"
+  echo "  - {name: $name, upstream: 'http://127.0.0.1:$port', gpus: [0], models: [model-$name]}" >>"$CONFIG"
+  ENGINE_URLS+=(--engine "$name=http://127.0.0.1:$port")
+done
+[[ "$MODE" == gpu ]] || PROBE="file:$WORK/shared-gpu.json"
+ENGINES_PORT="$(free_port)"
+LIFEGUARD_RECONCILE_INTERVAL_S=0.5 LIFEGUARD_VERIFY_TIMEOUT_S=$VERIFY_TIMEOUT_S LIFEGUARD_LOG_LEVEL=warning \
+  "$PYTHON" -m proxy serve --config "$CONFIG" --port "$ENGINES_PORT" --gpu-probe "$PROBE" >"$WORK/proxy-engines.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$ENGINES_PORT/lifeguard/healthz" 30 "$!"
+set +e
+timeout "$TIMEOUT_S" "$PYTHON" scripts/gpu_check.py engines --proxy "http://127.0.0.1:$ENGINES_PORT" \
+  "${ENGINE_URLS[@]}" --out "$OUT_DIR/gpu-check-engines.json" --deadline-s $((TIMEOUT_S - 10)) --extra "$EXTRA"
+rc_engines=$?
+set -e
+if ((rc_engines != 0)); then
+  echo "--- proxy of two engines log" >&2; tail -n 40 "$WORK/proxy-engines.log" >&2
+fi
+((rc != 0)) && exit "$rc"
+exit "$rc_engines"

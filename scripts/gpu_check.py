@@ -9,7 +9,13 @@ what the proxy verified (`X-Lifeguard-Verified`, `/lifeguard/state`) and what th
 (`/sim/state`), and writes the figures as JSON.
 
     python scripts/gpu_check.py check --proxy URL --engine URL --out FILE [--deadline-s S] [--extra JSON]
+    python scripts/gpu_check.py engines --proxy URL --engine a=URL --engine b=URL --out FILE [...]
     python scripts/gpu_check.py cuda     # exit 0 and the device name when torch sees CUDA, else 1 and why
+
+`engines`: two simulators on the same GPU behind one proxy of `engines:` (each engine's memory its own: NVML's
+per-process list, or the simulated file's per-engine entry). Both are put to sleep at the same moment, `a`
+lying (its memory stays), and woken again: a's lie must be caught by a's own memory check while b's honest
+sleep moves the device's memory at the same time, and b's must pass.
 """
 
 from __future__ import annotations
@@ -144,6 +150,78 @@ async def run_check(proxy: str, engine: str, *, deadline_s: float = 120.0) -> di
     return report
 
 
+async def run_engines_check(proxy: str, engines: dict[str, str], *, deadline_s: float = 120.0) -> dict[str, Any]:
+    """Two engines on one GPU: a lying sleep of `a` caught by a's own memory while `b` sleeps honestly beside
+    it; then both woken. Returns the report."""
+    started = time.monotonic()
+    report: dict[str, Any] = {"proxy": proxy, "engines": engines, "steps": [], "ok": False}
+    liar, honest = sorted(engines)
+    async with ClientSession(timeout=ClientTimeout(total=60)) as http:
+
+        async def get(url: str) -> dict[str, Any]:
+            async with http.get(url) as resp:
+                body: dict[str, Any] = await resp.json()
+                return body
+
+        async def call(name: str, path: str) -> tuple[int, str | None, str]:
+            async with http.post(f"{proxy}/engines/{name}{path}") as resp:
+                return resp.status, resp.headers.get("X-Lifeguard-Verified"), await resp.text()
+
+        async def both_running() -> bool:
+            try:
+                state = await get(proxy + "/lifeguard/state")
+            except OSError:
+                return False
+            return all(e.get("state") == "RUNNING" for e in state.get("engines", {}).values()) and len(
+                state.get("engines", {})
+            ) == len(engines)
+
+        await _until(both_running, started + 60, "the proxy to see both engines RUNNING")
+        async with http.post(engines[liar] + "/sim/faults", json=["sleep:lie-memory@1"]) as resp:
+            resp.raise_for_status()
+        before = {name: engine_facts(await get(url + "/sim/state")) for name, url in engines.items()}
+        t0 = time.monotonic()
+        (liar_status, _, liar_text), (honest_status, honest_verified, _) = await asyncio.gather(
+            call(liar, "/sleep?level=1"), call(honest, "/sleep?level=1")
+        )
+        sleep_s = time.monotonic() - t0
+        after = {name: engine_facts(await get(url + "/sim/state")) for name, url in engines.items()}
+        states = {name: await get(f"{proxy}/engines/{name}/lifeguard/state") for name in engines}
+        liar_checks = {c["name"]: c["result"] for c in (states[liar].get("last_verification") or {}).get("checks", [])}
+        problems = []
+        if liar_status != 503 or liar_checks.get("memory") != "fail":
+            problems.append(f"{liar}'s lying sleep: status {liar_status}, checks {liar_checks}")
+        verified = dict(part.split("=", 1) for part in (honest_verified or "").split(",") if "=" in part)
+        if honest_status != 200 or verified.get("memory") != "pass":
+            problems.append(f"{honest}'s honest sleep: status {honest_status}, verified {honest_verified!r}")
+        report["steps"].append(
+            {
+                "step": f"{liar} sleeps and lies while {honest} sleeps honestly, at once",
+                "statuses": {liar: liar_status, honest: honest_status},
+                "message": _message(liar_text) if liar_status != 200 else None,
+                "seconds": round(sleep_s, 4),
+                "device_used_bytes_before": before[honest]["device_used_bytes"],
+                "device_used_bytes_after": after[honest]["device_used_bytes"],
+                "own_memory_read": {n: (states[n].get("gpu_memory") or {}).get("used_bytes") for n in engines},
+                "checks": {n: (states[n].get("last_verification") or {}).get("checks") for n in engines},
+                "ok": not problems,
+                "problems": problems,
+            }
+        )
+        problems = []
+        for name in (liar, honest):
+            status, verified_text, text = await call(name, "/wake_up")
+            ok = status == 200
+            if not ok:
+                problems.append(f"{name}'s wake: {status} {_message(text)}")
+        report["steps"].append({"step": "both woken again", "ok": not problems, "problems": problems})
+        if time.monotonic() - started > deadline_s:
+            report["error"] = "out of time"
+    report["seconds"] = round(time.monotonic() - started, 3)
+    report["ok"] = all(s["ok"] for s in report["steps"]) and len(report["steps"]) == 2 and "error" not in report
+    return report
+
+
 def engine_facts(state: dict[str, Any]) -> dict[str, Any]:
     """What the report keeps of the simulator's `/sim/state`: its flags and its device's memory."""
     memory = state["memory"]
@@ -198,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--out", type=Path, required=True)
     check.add_argument("--deadline-s", type=float, default=120.0)
     check.add_argument("--extra", default="{}", help="JSON merged into the report (mode, probe, ...)")
+    engines = sub.add_parser("engines", help="two engines on one GPU: one's lying sleep caught by its own memory")
+    engines.add_argument("--proxy", required=True)
+    engines.add_argument("--engine", action="append", required=True, help="NAME=URL, twice")
+    engines.add_argument("--out", type=Path, required=True)
+    engines.add_argument("--deadline-s", type=float, default=120.0)
+    engines.add_argument("--extra", default="{}", help="JSON merged into the report (mode, probe, ...)")
     sub.add_parser("cuda", help="print whether CUDA is usable here (exit 0) or why not (exit 1)")
     args = parser.parse_args(argv)
 
@@ -206,12 +290,21 @@ def main(argv: list[str] | None = None) -> int:
         print(why)
         return 0 if usable else 1
     try:
-        report = asyncio.run(run_check(args.proxy, args.engine, deadline_s=args.deadline_s))
+        if args.command == "engines":
+            urls = dict(item.split("=", 1) for item in args.engine)
+            report = asyncio.run(run_engines_check(args.proxy, urls, deadline_s=args.deadline_s))
+        else:
+            report = asyncio.run(run_check(args.proxy, args.engine, deadline_s=args.deadline_s))
     except (TimeoutError, OSError) as exc:
         report = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "steps": []}
     report.update(json.loads(args.extra))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.command == "engines":
+        for step in report["steps"]:
+            print(f"{'ok  ' if step['ok'] else 'FAIL'} {step['step']}  {'; '.join(step['problems'])}")
+        print(f"{'PASS' if report['ok'] else 'FAIL'}: figures in {args.out}")
+        return 0 if report["ok"] else 1
     for step in report["steps"]:
         mark = "ok  " if step["ok"] else "FAIL"
         print(

@@ -137,3 +137,10 @@ def test_the_script_dry_run_writes_its_figures(tmp_path: Path) -> None:
     assert report["physical"] == {"available": False, "reason": "--dry-run asked"}
     assert len(report["steps"]) == len(gpu_check.STEPS)
     assert report["seconds"] < 60
+    engines = json.loads((tmp_path / "gpu-check-engines.json").read_text())
+    assert engines["ok"] and engines["mode"] == "dry-run", json.dumps(engines, indent=1)
+    caught = engines["steps"][0]
+    assert caught["statuses"] == {"a": 503, "b": 200}
+    assert caught["device_used_bytes_after"] < caught["device_used_bytes_before"]  # b freed its memory meanwhile
+    assert {c["name"]: c["result"] for c in caught["checks"]["a"]}["memory"] == "fail"
+    assert {c["name"]: c["result"] for c in caught["checks"]["b"]}["memory"] == "pass"
