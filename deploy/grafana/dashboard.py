@@ -336,10 +336,31 @@ def build() -> dict[str, object]:
     dash = dash.with_panel(
         series(
             "Swap duration (p50 / p99)",
-            "From a swap's start (its GPUs taken) to the engine awake and verified, the other engines' "
-            "sleeps included, by engine swapped in.",
+            "From a swap's start to the engine awake and verified: the neighbour's turn, drain and sleep "
+            "included, by engine swapped in.",
             "s",
             *quantiles("lifeguard_swap_duration_seconds", "engine, ", "{{pod}} {{engine}}"),
+        )
+    )
+    dash = dash.with_panel(
+        series(
+            "Swap wait (p50 / p99)",
+            "How long the request that waited longest for a swap waited, from its arrival to its engine awake "
+            "and verified: its neighbour's turn (swap_quantum_s), drain and the swap, by engine swapped in.",
+            "s",
+            *quantiles("lifeguard_swap_wait_seconds", "engine, ", "{{pod}} {{engine}}"),
+        )
+    )
+    dash = dash.with_panel(
+        series(
+            "Swaps per minute",
+            "Verified swaps per minute, by engine swapped in: how often engines change places (each costs a "
+            "sleep and a wake; turns batch requests to keep this low).",
+            "short",
+            q(
+                f'sum by (namespace, pod, engine) (rate(lifeguard_swaps_total{{{SEL}, outcome="ok"}}[{RATE}])) * 60',
+                "{{pod}} {{engine}}",
+            ),
         )
     )
 

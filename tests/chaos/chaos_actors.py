@@ -182,7 +182,7 @@ def _outcome_for_error(call: Call, status: int, headers: Any, body: bytes) -> No
     call.reason = headers.get("X-Lifeguard-Reason")
     problem = error_shape_problem(status, headers, body)
     call.outcome = "bad_error_shape" if problem else "proxy_error"
-    call.detail = problem or ""
+    call.detail = problem or _message(body)
 
 
 async def inference(session: aiohttp.ClientSession, base: str, rng: random.Random, tally: Tally,
@@ -505,3 +505,11 @@ async def sim_state(session: aiohttp.ClientSession, sim: SimSupervisor) -> dict[
 
 def each(tally: Tally, predicate: Callable[[Call], bool]) -> list[Call]:
     return [c for c in tally.calls if predicate(c)]
+
+
+def _message(body: bytes) -> str:
+    """The message of an error in vLLM's shape (the proxy's own errors have it), else nothing."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return ""

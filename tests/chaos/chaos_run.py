@@ -160,7 +160,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
         if args.engines > 1:
             env["LIFEGUARD_ENGINES"] = json.dumps(engines_config(engines))
-            env["LIFEGUARD_DRAIN_BEFORE_SLEEP_S"] = "1"  # a serving engine is drained (1 s) and swapped out
+            # The default drain (none before a client's sleep); the turn scaled to this run's 5 s hold deadline.
+            env["LIFEGUARD_SWAP_QUANTUM_S"] = "1"
         else:
             cmd += ["--upstream", engines[0].sim.url]
         proxy = ProxySupervisor(cmd, env, workdir / "proxy.log", base)
@@ -520,6 +521,10 @@ def report(
     )
     check(proxy_rc == 0, f"SIGTERM: the proxy exited 0 (exit status {proxy_rc})")
     if several:
+        busy = [c for c in tally.calls if c.reason == "insufficient_gpu_memory" and
+                ("serving" in c.detail or "held for it" in c.detail)]  # fmt: skip
+        check(not busy, f"0 requests refused because a neighbour was busy ({len(busy)}): they wait their turn",
+              show(busy))  # fmt: skip
         check(peak >= 0 and not over, f"never more awake than fits: the device's use at every memory move of every "
               f"engine <= its total (peak {peak / GIB:.1f} of {total / GIB:.1f} GiB; {len(over)} moves over)",
               [f"{m.engine} at {m.t:.3f}: own {m.own / GIB:.1f} GiB, device {m.device / GIB:.1f} GiB"
