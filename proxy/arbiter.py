@@ -56,6 +56,8 @@ GPU_OPERATIONS = frozenset(
     {"collective_rpc", "start_weight_update", "update_weights", "finish_weight_update", "release_kv_cache_memory"}
 )
 _NOT_AWAKE = (State.SLEEPING, State.STARTING, State.FAILED)
+# A neighbour serving its turn with nothing in flight and no request for this long is idle: its turn ends.
+_TURN_IDLE_S = 0.1
 
 
 @dataclass
@@ -196,9 +198,14 @@ class Arbiter:
         if victim.gate.inflight == 0 and victim.gate.last_activity <= waiting_since:
             return  # unused since the requests began waiting: nothing to finish
         ends = max(self._awake_since.get(victim.name, 0.0), waiting_since) + self._settings.swap_quantum_s
-        if (left := ends - time.monotonic()) > 0:
-            self._waits[engine.name] = _Wait(f"{victim.name} serves its turn", until=ends)
-            await asyncio.sleep(left)
+        self._waits[engine.name] = _Wait(f"{victim.name} serves its turn", until=ends)
+        # The turn is for what it serves: it ends early once nothing is in flight and nothing new came for a
+        # moment (its clients may all be waiting for this very swap: the bench's closed-loop clients did).
+        while (left := ends - time.monotonic()) > 0:
+            gate = victim.gate
+            if gate.inflight == 0 and time.monotonic() - gate.last_activity >= _TURN_IDLE_S:
+                return
+            await asyncio.sleep(min(left, _TURN_IDLE_S))
 
     async def _make_room(self, engine: Engine, call: LifecycleCall) -> None:
         name, gpus = engine.name, engine.config.gpus

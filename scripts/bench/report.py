@@ -229,6 +229,28 @@ def swap_rows(sw: dict[str, Any]) -> list[list[str]]:
     return [row + judged]
 
 
+def mixed_table(mixed: dict[str, Any]) -> list[str]:
+    """Mixed traffic over two models that do not fit together: turns against naive alternation."""
+    turns, naive = mixed.get("turns"), mixed.get("alternation")
+    if not turns or not naive:
+        return []
+    cols = ["mixed traffic, two models, one fits", f"turns (swap_quantum_s {turns['quantum_s']:g} s)",
+            "naive alternation (swap_quantum_s 0)", "turns vs alternation"]  # fmt: skip
+    rows = [
+        ("requests answered 200", fmt(turns["ok"]) + f" of {turns['requests']:,.0f}",
+         fmt(naive["ok"]) + f" of {naive['requests']:,.0f}", fmt(ratio(turns["ok"], naive["ok"]), "x")),
+        ("refused", fmt(turns["refused"]), fmt(naive["refused"]), ""),
+        ("swaps", fmt(turns["swaps"]), fmt(naive["swaps"]), ""),
+        ("requests per swap", f"{turns['requests_per_swap']:.1f}", f"{naive['requests_per_swap']:.1f}",
+         fmt(ratio(turns["requests_per_swap"], naive["requests_per_swap"]), "x")),
+        ("swaps per minute", f"{turns['swaps_per_min']:.1f}", f"{naive['swaps_per_min']:.1f}", ""),
+        ("request latency p50 (its swap wait included)", f"{turns['p50_s']:.2f} s", f"{naive['p50_s']:.2f} s", ""),
+        ("request latency p99", f"{turns['p99_s']:.2f} s", f"{naive['p99_s']:.2f} s", ""),
+        ("throughput", f"{turns['rps']:.1f}/s", f"{naive['rps']:.1f}/s", fmt(ratio(turns["rps"], naive["rps"]), "x")),
+    ]  # fmt: skip
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace) -> list[str]:
     """In front of a real vLLM: req/s direct and through each lifeguard, the ratio, the proxy's CPU."""
     planes = [("lifeguard", "lifeguard"), ("lifeguard-base", "baseline")]
@@ -268,6 +290,8 @@ def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
     header = head(args)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] if rows else []
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if res.get("mixed"):
+        lines += ([""] if lines else []) + mixed_table(res["mixed"])
     if res.get("vllm"):
         lines += ([""] if lines else []) + vllm_table(res["vllm"], args.vllm_conns, args)
     return lines

@@ -241,6 +241,11 @@ class Rig:
         self.lg = self.lg_2e = self.lg_base = None
         self.paths = [path for path in self.paths if path not in ("lifeguard-2e", "lifeguard-base")]
 
+    def stop_named(self, name: str) -> None:
+        for proc in [p for p in self.procs if p.name == name]:
+            proc.stop()
+            self.procs.remove(proc)
+
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()

@@ -40,6 +40,7 @@ from typing import Any
 from fixed import bench_fixed
 from hold import bench_hold
 from lifecycle import bench_lifecycle
+from mixed import bench_mixed
 from procs import log
 from realvllm import bench_vllm
 from report import build_table, machine
@@ -82,6 +83,10 @@ async def run(args: argparse.Namespace) -> int:
                 res["lifecycle"] = await bench_lifecycle(rig, args.cycles, args.op_ms)
             if "swap" in args.only:
                 res["swap"] = await bench_swap(rig, args.cycles, args.op_ms)
+            if "mixed" in args.only:
+                res["mixed"] = await bench_mixed(
+                    rig, args.mixed_seconds, args.mixed_clients, args.mixed_op_ms, args.mixed_service_ms
+                )
             if "hold" in args.only:
                 res["hold"] = await bench_hold(rig, args.held, args.seconds, args.hold_reps)
             if "vllm" in args.only:
@@ -112,7 +117,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one short repetition of everything, 2,000 held (< 2 min)")
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument(
-        "--only", default="fixed,sse,lifecycle,swap,hold", help="comma list: fixed,sse,lifecycle,swap,hold,vllm"
+        "--only",
+        default="fixed,sse,lifecycle,swap,mixed,hold",
+        help="comma list: fixed,sse,lifecycle,swap,mixed,hold,vllm",
     )
     parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
     parser.add_argument(
@@ -133,11 +140,16 @@ def main() -> int:
     parser.add_argument("--hold-reps", type=int, default=2)
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--op-ms", type=float, default=10.0, help="the fake engine's own sleep/wake time")
+    parser.add_argument("--mixed-seconds", type=float, default=40.0, help="mixed traffic: each mode's run")
+    parser.add_argument("--mixed-clients", type=int, default=8)
+    parser.add_argument("--mixed-op-ms", type=float, default=500.0, help="mixed traffic: a sleep's or wake's cost")
+    parser.add_argument("--mixed-service-ms", type=float, default=50.0, help="mixed traffic: one generation")
     parser.add_argument("--json", help="also write every figure here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir with every process's log")
     args = parser.parse_args()
     if args.quick:
         args.reps, args.hold_reps, args.seconds, args.sse_seconds, args.cycles = 1, 1, 2.0, 2.0, 8
+        args.mixed_seconds = min(args.mixed_seconds, 20.0)
         args.held = min(args.held, 2_000)
     args.only = set(args.only.split(","))
     if args.vllm:

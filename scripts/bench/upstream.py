@@ -1,14 +1,14 @@
 """A near-zero-cost fake vLLM for the benchmark: raw asyncio protocol on uvloop, one process.
 
 Serves what the proxy needs and nothing more, with no framework in the way:
-* ``POST /v1/completions``: a fixed completion JSON (Content-Length), or, when the body has
+* ``POST /v1/completions``: a fixed completion JSON (Content-Length; after ``service_ms``), or, when the body has
   ``"stream": true``, an SSE stream (chunked, one HTTP chunk per event) of ``max_tokens`` events.
   Every SSE event carries ``"t":<CLOCK_MONOTONIC ns at write>`` so a client on the same machine can
   measure per-event latency. Events are paced by one global ticker at ``rate`` events/s, shared
   round-robin by every open stream (``rate`` 0: as fast as the sockets take them).
 * ``/health``, ``/is_sleeping``, ``/is_paused``, ``/v1/models``, ``POST /sleep``, ``POST /wake_up``
   (each op takes ``op_ms``, then flips the flags the way vLLM does: asleep means paused too).
-* ``/bench/config?rate=R&op_ms=M``, ``/bench/reset``, ``/bench/stats``: the harness's own controls;
+* ``/bench/config?rate=R&op_ms=M&service_ms=S``, ``/bench/reset``, ``/bench/stats``: the harness's own controls;
   stats give the arrival count and first/last arrival times of non-streaming completions, the
   time the last ``/wake_up`` finished and when the proxy's verification read the flags after it, all
   CLOCK_MONOTONIC ns (comparable across processes).
@@ -48,6 +48,7 @@ class State:
         self.sleeping = False
         self.rate = 0.0
         self.op_s = 0.0
+        self.service_s = 0.0
         self.count = 0
         self.first_ns = 0
         self.last_ns = 0
@@ -141,6 +142,10 @@ class Conn(asyncio.Protocol):
                 st.first_ns = now
             st.count += 1
             st.last_ns = now
+            if st.service_s:  # a generation that takes time: what a swap's drain waits for
+                self.busy = True
+                asyncio.get_running_loop().call_later(st.service_s, self.completion_done)
+                return
             t.write(OK_COMPLETION)
         elif path == b"/health":
             t.write(OK_EMPTY)
@@ -161,6 +166,8 @@ class Conn(asyncio.Protocol):
                     st.rate = float(value)
                 elif key == "op_ms":
                     st.op_s = float(value) / 1000
+                elif key == "service_ms":
+                    st.service_s = float(value) / 1000
             t.write(OK_EMPTY)
         elif path == b"/bench/reset":
             st.reset()
@@ -187,6 +194,13 @@ class Conn(asyncio.Protocol):
         self.busy = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(OK_EMPTY)
+            if self.buf:
+                self.data_received(b"")
+
+    def completion_done(self) -> None:
+        self.busy = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(OK_COMPLETION)
             if self.buf:
                 self.data_received(b"")
 

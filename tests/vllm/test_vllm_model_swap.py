@@ -153,3 +153,69 @@ async def test_requests_alternating_between_two_models_swap_them_one_verified_sl
     # The judge's first sleep was the trainer's call, not a swap: no swap failed or was refused.
     assert metric(samples, "lifeguard_swaps_total", outcome="failed") == 0
     assert metric(samples, "lifeguard_swaps_total", outcome="no_room") == 0
+
+
+async def test_mixed_traffic_over_two_real_vllms_is_all_answered_each_swap_a_verified_sleep_then_wake(
+    engines: dict[str, Any], tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """Clients ask for both models at once, at random, with the default drain: every request is answered 200
+    (none refused because the other engine was busy), and each swap is a sleep then a wake, verified, as vLLM's
+    own counters show."""
+    import asyncio
+    import random
+
+    config = tmp_path / "mixed.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [{"name": name, "upstream": server.url, "gpus": [0]} for name, server in engines.items()],
+                "gpu_probe": "none",
+                "swap_quantum_s": 2,  # the default is 10 s: short here to see several turns in one test
+                "hold_timeout_s": 180,
+                "lifecycle_queue_timeout_s": 180,
+                "verify_timeout_s": 60,
+                "canary_timeout_s": 60,
+            }
+        )
+    )
+    proxy = Proxy(port=free_port(), upstream="", log_path=tmp_path / "proxy.log", config=config)
+    proxy.start(timeout=60)
+    try:
+        status, body, _ = await post(session, proxy.url + "/engines/judge/sleep", params={"level": "1"})
+        assert status == 200, body
+        before = {name: await _books(session, server) for name, server in engines.items()}
+        rng = random.Random(5)
+        models = [POLICY_MODEL, JUDGE_MODEL]
+
+        async def client(picks: list[str]) -> list[int]:
+            statuses = []
+            for model in picks:
+                status, body, _ = await post(
+                    session,
+                    proxy.url + "/v1/completions",
+                    json={"model": model, "prompt": "hello", "max_tokens": 4, "temperature": 0},
+                    timeout=aiohttp.ClientTimeout(total=240),
+                )
+                assert status != 200 or body["model"] == model
+                statuses.append(status)
+            return statuses
+
+        results = await asyncio.gather(*(client([rng.choice(models) for _ in range(3)]) for _ in range(4)))
+        assert [s for statuses in results for s in statuses] == [200] * 12, (results, proxy.log_tail())
+        after = {name: await _books(session, server) for name, server in engines.items()}
+        samples = parse_metrics(await (await session.get(proxy.url + "/lifeguard/metrics")).text())
+        assert metric(samples, "lifeguard_swaps_total", outcome="failed") == 0
+        assert metric(samples, "lifeguard_swaps_total", outcome="no_room") == 0
+        for name in engines:
+            woken = after[name]["wakes"] - before[name]["wakes"]
+            assert metric(samples, "lifeguard_swaps_total", engine=name, outcome="ok") == woken
+        # Each wake followed a sleep of the other: one more sleep than wakes at most, per engine.
+        wakes = sum(after[n]["wakes"] - before[n]["wakes"] for n in engines)
+        sleeps = sum(after[n]["sleeps"] - before[n]["sleeps"] for n in engines)
+        assert wakes >= 1 and sleeps in (wakes, wakes + 1)
+        assert sum((await _awake(session, engines)).values()) == 1  # one awake: never both
+        state = await get_json(session, proxy.url + "/lifeguard/state")
+        for engine in state["engines"].values():
+            assert engine["last_verification"]["passed"], engine["last_verification"]
+    finally:
+        proxy.stop()
