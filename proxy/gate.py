@@ -116,6 +116,7 @@ class RequestGate:
         # Set by the wake-on-request policy, which is built after the gate.
         self.on_held_while_sleeping: Callable[[], None] = lambda: None
         self._admission = Admission.HOLD
+        self._refusal: LifeguardError | None = None
         self._sleeping = False
         self._held: collections.deque[asyncio.Future[None] | Parked] = collections.deque()
         self._inflight = 0
@@ -137,9 +138,13 @@ class RequestGate:
     def admission(self) -> Admission:
         return self._admission
 
-    def set_admission(self, admission: Admission, *, sleeping: bool = False) -> None:
-        """Told by the coordinator after each change; FORWARD releases every held request in arrival order."""
+    def set_admission(
+        self, admission: Admission, *, sleeping: bool = False, refusal: LifeguardError | None = None
+    ) -> None:
+        """Told by the coordinator after each change; FORWARD releases every held request in arrival order.
+        `refusal`: with REJECT_FAILED, the error new requests get (saying why the engine failed)."""
         self._admission = admission
+        self._refusal = refusal
         self._sleeping = sleeping
         if admission is Admission.FORWARD:
             self._release_batch()
@@ -230,8 +235,11 @@ class RequestGate:
         if self._closed is not None:
             raise self._closed
         if self._admission is Admission.REJECT_FAILED:
-            self._on_hold_ended("engine_unavailable", 0.0)
-            raise EngineUnavailable("the engine has failed; the proxy refuses new requests until it is back")
+            error = self._refusal or EngineUnavailable(
+                "the engine has failed; the proxy refuses new requests until it is back"
+            )
+            self._on_hold_ended(error.reason, 0.0)
+            raise error
         if self._admission is Admission.REJECT_SLEEPING:
             raise EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps")
         if len(self._held) >= self._max_held:
