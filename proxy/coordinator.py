@@ -134,6 +134,12 @@ class LifecycleCoordinator:
             "lifecycle_busy": self.busy,
             "last_verification": last.as_dict() if last else None,
             "gpu_memory": memory.as_dict() if memory else None,
+            # LoRA adapters seen while healthy (and whether their canary answer is recorded), and those lost in a wake
+            "lora_adapters": {
+                name: {"root": mark.root, "canary_recorded": mark.golden is not None}
+                for name, mark in sorted(self._verifier.adapters.items())
+            },
+            "lost_lora_adapters": sorted(self._verifier.lost_adapters),
             "upstream": self._settings.upstream_shown,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
