@@ -33,9 +33,7 @@ class State(enum.Enum):
     FAILED = "FAILED"
 
 
-SETTLED = frozenset(
-    {State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.SCALING, State.FAILED}
-)
+SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.SCALING, State.FAILED})
 
 _ANY = [s for s in State]
 _SETTLE_FROM = [s for s in State if s is not State.FAILED]

@@ -275,3 +275,24 @@ async def test_15_a_request_vllm_refuses_because_a_trainer_paused_it_directly_is
     await stack.sim.resume()
     answer = await asyncio.wait_for(request, 10)
     assert answer.status == 200
+
+
+# ----- 17: a resume after a KV-cache wake (verl #7846: the double resume that deadlocks data-parallel ranks)
+
+
+async def test_17_a_resume_after_the_kv_cache_wake_never_reaches_vllm(make_stack: Any) -> None:
+    """vLLM's wake of the last tag already resumes the scheduler; a trainer's /resume on top of it reached every DP
+    rank a second time in verl. Through the proxy it is answered as a no-op, and nothing ran before the wake's
+    verification let it (the gate-until-verified pattern of verl's fix)."""
+    stack: Stack = await make_stack()
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    held = asyncio.ensure_future(stack.completion())
+    await stack.wait_held(1)
+    assert (await stack.client.post("/wake_up?tags=weights")).status == 200
+    assert (await stack.client.post("/wake_up?tags=kv_cache")).status == 200
+    resumes = stack.sim_count("resume")
+    resume = await stack.client.post("/resume")
+    assert (resume.status, resume.headers["X-Lifeguard-Noop"]) == (200, "true")
+    assert stack.sim_count("resume") == resumes
+    assert (await asyncio.wait_for(held, 10)).status == 200
+    assert stack.sim.violations == []
