@@ -264,9 +264,11 @@ class LifecycleCoordinator:
             return from_vllm(await self._weights.run(call), None)
         return await self._sleep.run(call)
 
-    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+    async def exclusive(self, work: Callable[[], Awaitable[T]], *, adapters_may_change: bool = True) -> T:
         """Run a control call that touches weights or memory (routes.RouteKind.SERIALIZED) after any lifecycle
-        transition in progress, never during one; it is not held by a sleep or a pause."""
+        transition in progress, never during one; it is not held by a sleep or a pause. `adapters_may_change`: the
+        call may load or unload a LoRA adapter (the forwarded serialized routes: their usual business), so what the
+        LoRA check recorded no longer holds."""
         if (refusal := control_refusal(self.record.view())) is not None:
             raise refusal
         await self._acquire()
@@ -275,8 +277,8 @@ class LifecycleCoordinator:
                 raise refusal
             return await self._watching_elastic_ep(work())
         finally:
-            # A LoRA load or unload (the usual serialized call) changes what the adapters answer, legitimately.
-            self._verifier.forget_adapters()
+            if adapters_may_change:
+                self._verifier.forget_adapters()
             self._lock.release()
 
     async def _watching_elastic_ep(self, work: Awaitable[T]) -> T:
