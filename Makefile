@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-deploy test-clients test-image test-observability test-ui chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -23,13 +23,16 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 	$(BIN)/ruff check proxy lifeguard_sim tests scripts
 	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts
 	$(BIN)/mypy
-	$(BIN)/mypy scripts/bench scripts/gpu_check.py
+	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
 	$(BIN)/pytest -q
 
 test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
 	bash scripts/test-vllm.sh
+
+test-vllm-routes: setup  ## the route table against the newest vLLM wheel: an AST scan, no GPU (wheel cached once)
+	bash scripts/vllm/check-routes.sh
 
 test-deploy: setup  ## Dockerfile, k8s manifests, config and trainer guides
 	bash scripts/check-deploy.sh

@@ -13,9 +13,17 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from lifeguard_sim import routes_generate, routes_info, routes_lifecycle, routes_lora, routes_openai, trainer_servers
+from lifeguard_sim import (
+    routes_decisions,
+    routes_generate,
+    routes_info,
+    routes_lifecycle,
+    routes_lora,
+    routes_openai,
+    trainer_servers,
+)
 from lifeguard_sim.engine import Engine
-from lifeguard_sim.errors import ClientLeft, EngineGone, EngineHTTPError
+from lifeguard_sim.errors import ClientLeft, EngineGone, EngineHTTPError, EnginePaused, engine_paused_body
 from lifeguard_sim.keys import LIVE_REQUESTS, SIM_ENGINE, LiveRequests, reset_connection
 from lifeguard_sim.responses import json_response
 from lifeguard_sim.settings import SimSettings
@@ -43,6 +51,8 @@ async def _lifeline(request: web.Request, handler: Handler) -> web.StreamRespons
         return web.Response(status=499)  # written to a closed connection: never read
     except EngineHTTPError as exc:
         return json_response(exc.body, status=exc.status)
+    except EnginePaused:
+        return json_response(engine_paused_body(), status=503)
     except web.HTTPNotFound:
         if request.path != "/" and request.path.endswith("/"):
             # starlette's redirect_slashes: a route spelt with a trailing slash is redirected, with an absolute
@@ -57,6 +67,16 @@ async def _lifeline(request: web.Request, handler: Handler) -> web.StreamRespons
         return json_response({"detail": "Method Not Allowed"}, status=405)
     finally:
         live.discard(request)
+
+
+@web.middleware
+async def _elastic_ep_gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """vLLM's ScalingMiddleware (serve/elastic_ep/middleware.py): while scaling, or on a retired rank, every path it
+    does not let through is answered 503 with a plain {"error": "<string>"}. The simulator's own /sim routes pass."""
+    message = None if request.path.startswith("/sim/") else request.app[SIM_ENGINE].elastic_gate(request.path)
+    if message is not None:
+        return json_response({"error": message}, status=503)
+    return await handler(request)
 
 
 def _on_gone(settings: SimSettings, live: LiveRequests) -> Callable[[str], None]:
@@ -75,13 +95,15 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     settings = settings or SimSettings()
     live = LiveRequests()
     engine = Engine(settings, on_gone=_on_gone(settings, live))
-    app = web.Application(middlewares=[_lifeline], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[_lifeline, _elastic_ep_gate], client_max_size=64 * 1024 * 1024)
     app[SIM_ENGINE] = engine
     app[LIVE_REQUESTS] = live
     routes_openai.add_routes(app)
     routes_lifecycle.add_routes(app)
     routes_info.add_routes(app)
     routes_generate.add_routes(app, settings.enable_scale_out)
+    if engine.profile.decisions_route:
+        routes_decisions.add_routes(app)
     if settings.enable_lora:
         routes_lora.add_routes(app)
     trainer_servers.add_routes(app, frozenset(settings.trainer_servers))

@@ -12,6 +12,7 @@ from lifeguard_sim.app import create_sim_app
 from lifeguard_sim.faults import KINDS, OPS, FaultSpecError, parse_fault
 from lifeguard_sim.memory import MemoryKind, MemoryUnavailable
 from lifeguard_sim.settings import SimSettings
+from lifeguard_sim.versions import NEWEST, PROFILES
 
 _EPILOG = (
     "fault specs: OP:KIND[@N|@pP]  (once by default; @N = the next N calls; @pP = probability P per call,\n"
@@ -19,6 +20,7 @@ _EPILOG = (
     f"OP is one of: {', '.join(OPS)}\n\nKIND is one of:\n"
     + "\n".join(f"  {kind:<11} {text}" for kind, text in KINDS.items())
     + "\n\nexamples:\n  --fault wake_up:error500@1 --fault sleep:lie-dead@p0.1 --fault generate:slow:0.5@3\n\n"
+    "--vllm-version 0.32 behaves like vLLM 0.32.0 (as measured on vLLM-for-CPU); 0.33, the default, like 0.33.0.\n\n"
     "sim-only routes: GET /sim/state (true engine state, memory, counters, violations),\n"
     "GET /sim/faults, POST /sim/faults (JSON list of specs; [] clears)."
 )
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = SimSettings()
     parser = argparse.ArgumentParser(
         prog="vllm-lifeguard sim",
-        description="A vLLM 0.32 stand-in that is faithful on every sleep/wake/pause/weight-update path "
+        description="A vLLM 0.32 or 0.33 stand-in that is faithful on every sleep/wake/pause/weight-update path "
         "and can fail the ways vLLM fails.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     add("--model", default=defaults.model, help="served model name (default: %(default)s)")
+    add(
+        "--vllm-version",
+        default=NEWEST,
+        choices=list(PROFILES),
+        help="the vLLM release to behave like: 0.33 refuses new requests during /pause?mode=abort|wait, exempts "
+        "/health from the elastic-EP gate, retires ranks and serves /v1/decisions (default: %(default)s)",
+    )
     add(
         "--sleep-seconds",
         type=float,
@@ -132,6 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="an FP8 KV cache on vLLM >= 0.26: after weights are discarded (a level-2 sleep, SkyRL's worker sleep), "
         "_q_scale stays 0.0 and every completion has NaN logprobs until a reload_weights or a restart",
     )
+    add(
+        "--data-parallel-size",
+        type=int,
+        default=defaults.data_parallel_size,
+        help="elastic EP: the deployment's data-parallel size (default: %(default)s)",
+    )
+    add(
+        "--data-parallel-rank",
+        type=int,
+        default=defaults.data_parallel_rank,
+        help="elastic EP: this API server's rank; a /scale_elastic_ep to a size at or below it retires it on 0.33 "
+        "(default: %(default)s)",
+    )
+    add(
+        "--scale-seconds",
+        type=float,
+        default=defaults.scale_seconds,
+        help="how long a /scale_elastic_ep commit takes, serving gated meanwhile (default: %(default)s)",
+    )
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
@@ -139,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> SimSettings:
     return SimSettings(
         model=args.model,
+        vllm_version=args.vllm_version,
+        data_parallel_size=args.data_parallel_size,
+        data_parallel_rank=args.data_parallel_rank,
+        scale_seconds=args.scale_seconds,
         sleep_seconds=args.sleep_seconds,
         wake_seconds=args.wake_seconds,
         token_seconds=args.token_seconds,

@@ -11,6 +11,10 @@ and as read in its source (``vllm/v1/engine/core.py``, ``vllm/entrypoints/serve/
   so it also lifts a plain ``/pause``.
 * ``/resume`` un-pauses even while asleep. That is vLLM's hazard, and the simulator records it.
 
+Where releases differ (``--vllm-version``), ``self.profile`` says how (lifeguard_sim/versions.py): on 0.33 a
+``/pause?mode=abort|wait`` also refuses new requests until the scheduler resumes, a scale-down of elastic EP can
+retire this rank, and the engine-death message is sanitised.
+
 Breaches of engine safety go to ``violations``: the proxy's end-to-end tests assert it stays empty.
 """
 
@@ -30,6 +34,7 @@ from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_g
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
 from lifeguard_sim.shared_gpu import SharedGpuFile
+from lifeguard_sim.versions import profile
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
 # The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/):
@@ -57,6 +62,7 @@ _PAUSE_FLUSH_SECONDS = 0.02
 class Engine:
     def __init__(self, settings: SimSettings, on_gone: Callable[[str], None] = lambda _why: None) -> None:
         self.settings = settings
+        self.profile = profile(settings.vllm_version)
         self.faults = FaultBook(settings.seed, settings.faults)
         self.memory: DeviceMemory = make_memory(
             settings.memory,
@@ -102,6 +108,18 @@ class Engine:
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
         self.lora_adapters: dict[str, str] = {}  # name -> path; a restarted vLLM has none
+        # Adapters still listed whose weights a wake lost (vLLM #53888): they answer like the base model.
+        self.lora_lost: set[str] = set()
+        # vLLM 0.33's EngineCoreProc.reject_new_requests: set by a user pause in abort or wait mode.
+        self.reject_new_requests = False
+        # Elastic EP (serve/elastic_ep/): the middleware's two process-local flags and the status store's view.
+        self.dp_size = self.settings.data_parallel_size
+        self.elastic_scaling = False
+        self.elastic_retired = False
+        self.elastic_phase = "idle"
+        self.elastic_epoch: int | None = None
+        self.elastic_error: str | None = None
+        self.elastic_requested: int | None = None
         # Cleared while a trainer's server wrapper holds generation before the engine (AReaL's pause).
         self.trainer_gate = asyncio.Event()
         self.trainer_gate.set()
@@ -139,8 +157,38 @@ class Engine:
     def is_sleeping(self) -> bool:
         return self.is_paused or bool(self.executor_tags)
 
+    def model_seed(self, model: str) -> str:
+        """What a greedy answer of `model` (the base model or a LoRA adapter) depends on: an adapter answers
+        otherwise than the base model, unless a wake lost its weights."""
+        path = self.lora_adapters.get(model)
+        if path is None or model in self.lora_lost:
+            return self.text_seed
+        return f"{self.text_seed}|lora:{model}:{path}"
+
+    def elastic_gate(self, path: str) -> str | None:
+        """The message of the elastic-EP middleware's 503 for `path`, or None when it passes."""
+        if not (self.elastic_scaling or self.elastic_retired):
+            return None
+        if self.profile.health_passes_elastic_gate and path in ("/health", "/is_scaling_elastic_ep"):
+            return None
+        return errors.RETIRED_MESSAGE if self.elastic_retired else errors.SCALING_MESSAGE
+
+    def elastic_status(self) -> dict[str, object]:
+        """`/is_scaling_elastic_ep`'s body."""
+        if not self.profile.elastic_status_fields:
+            return {"is_scaling_elastic_ep": self.elastic_scaling}
+        scaling = self.elastic_phase in ("preparing", "committing")
+        return {
+            "is_scaling_elastic_ep": scaling,
+            "phase": self.elastic_phase,
+            "epoch": self.elastic_epoch,
+            "error": self.elastic_error,
+            "requested_data_parallel_size": self.elastic_requested,
+        }
+
     def state_dict(self) -> dict[str, object]:
         return {
+            "vllm_version": self.profile.version,
             "asleep_tags": sorted(self.asleep_tags),
             "sleep_level": self.sleep_level,
             "is_sleeping": self.is_sleeping,
@@ -160,6 +208,16 @@ class Engine:
             "weight_version": self.weight_version,
             "weight_writes": self.weight_writes,
             "garbage": self.garbage,
+            "reject_new_requests": self.reject_new_requests,
+            "lora_adapters": dict(sorted(self.lora_adapters.items())),
+            "lora_lost": sorted(self.lora_lost),
+            "elastic_ep": {
+                "scaling": self.elastic_scaling,
+                "retired": self.elastic_retired,
+                "data_parallel_size": self.dp_size,
+                "data_parallel_rank": self.settings.data_parallel_rank,
+                **self.elastic_status(),
+            },
             "wedged": sorted(self.wedged),
             "memory": {
                 "used_bytes": self.memory.used_bytes,
@@ -176,7 +234,8 @@ class Engine:
     def check_health(self) -> bool:
         if self.scheduler.gone:
             raise EngineGone
-        return not self.errored
+        # vLLM 0.33 AsyncLLM.check_health returns before looking at the engine on a retired rank.
+        return self.elastic_retired or not self.errored
 
     # --- control of the simulated process
     def set_faults(self, specs: list[str]) -> None:
@@ -286,7 +345,7 @@ class Engine:
         if self.scheduler.gone:
             raise EngineGone
         if self.errored:
-            raise errors.engine_dead()
+            raise errors.engine_dead(self.profile.engine_dead_message)
 
     # --- sleep family
     async def sleep(self, level: int, mode: str) -> dict[str, object]:
@@ -345,7 +404,9 @@ class Engine:
                 if not self.executor_tags:
                     self.sleep_level = None
                     self.scheduling_asleep = False
-                    self.scheduler.resume()
+                    self._resume_scheduler()
+                if fired.kind == "lose-lora" and "weights" in to_wake:
+                    self.lora_lost |= set(self.lora_adapters)  # vLLM #53888: still listed, base-model answers
             claimed = "sleeping" if self.is_sleeping else "awake"
         # vLLM 0.32's AsyncLLM.wake_up records "awake" only once the executor is fully awake (measured).
         if fired.kind == "lie-asleep" or not self.executor_tags:
@@ -379,6 +440,8 @@ class Engine:
     async def pause(self, mode: str) -> dict[str, object]:
         fired = await self.enter("pause")
         if fired.kind != "lie-asleep":
+            if self.profile.pause_rejects:  # set as the pause starts, before a wait-mode drain ends
+                self.reject_new_requests = mode != "keep"
             await self.scheduler.pause(mode)
         await asyncio.sleep(_PAUSE_FLUSH_SECONDS)
         self.after(fired)
@@ -392,9 +455,14 @@ class Engine:
             self.scheduling_asleep = False
             if not self.executor_tags:
                 self.sleep_level = None
-            self.scheduler.resume()
+            self._resume_scheduler()
         self.after(fired)
         return {"status": "resumed"}
+
+    def _resume_scheduler(self) -> None:
+        """EngineCoreProc.resume_scheduler: un-pause, and (0.33) take back a user pause's refusal of new requests."""
+        self.reject_new_requests = False
+        self.scheduler.resume()
 
     def abort_requests(self, ids: list[str] | None) -> dict[str, object]:
         self.counters["abort_requests"] += 1
@@ -506,6 +574,7 @@ class Engine:
         if "weights" in self.memory_asleep:
             self.violate("lora_load_while_weights_asleep", f"LoRA {name} loaded while the weights are asleep")
         self.lora_adapters[name] = path
+        self.lora_lost.discard(name)
         self.after(fired)
         return f"Success: LoRA adapter '{name}' added successfully."
 
@@ -517,7 +586,39 @@ class Engine:
                 404, errors.openai_error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
             )
         del self.lora_adapters[name]
+        self.lora_lost.discard(name)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+    # --- elastic EP (AsyncLLM.scale_elastic_ep, external load-balancer mode)
+    async def scale_elastic_ep(self, new_size: int) -> dict[str, object]:
+        """Scale the data-parallel size to `new_size`. The middleware gates every request while the commit runs; a
+        rank at or past the new size is retired (0.33); a failed commit leaves the gate up, its phase "failed"."""
+        fired = await self.enter("scale_elastic_ep", self.settings.scale_seconds)
+        old = self.dp_size
+        message: dict[str, object] = {"message": f"Scaled to {new_size} data parallel engines"}
+        if new_size == old or fired.kind == "lie-asleep":
+            self.after(fired)
+            return message
+        rank = self.settings.data_parallel_rank
+        will_retire = self.profile.retires_ranks and (fired.kind == "retire" or (new_size < old and rank >= new_size))
+        self.elastic_epoch = (self.elastic_epoch or 0) + 1
+        self.elastic_requested = new_size
+        self.elastic_phase = "committing"
+        self.elastic_error = None
+        self.elastic_scaling = True
+        self.elastic_retired = will_retire
+        await asyncio.sleep(self.settings.scale_seconds)
+        if fired.kind == "scale-fails":
+            self.elastic_retired = False
+            self.elastic_phase = "failed"
+            self.elastic_error = "Elastic EP commit failed: rank 1 did not reach the commit barrier"
+            # vLLM's handler logs the cause and answers a bare HTTPException; the scaling gate stays up.
+            raise errors.EngineHTTPError(500, errors.openai_error("Scale failed", "Internal Server Error", 500))
+        self.dp_size = new_size
+        self.elastic_phase = "completed"
+        self.elastic_scaling = False
+        self.after(fired)
+        return message
 
     def init_weight_transfer_engine(self) -> dict[str, object]:
         self.counters["init_weight_transfer_engine"] += 1

@@ -10,8 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lifeguard_sim.versions import ENGINE_DEAD_LOG_MESSAGE
+
 OOM_MESSAGE = "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
-ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# str(EngineDeadError): what /is_paused quotes in every release; clients of 0.33 are told the profile's message.
+ENGINE_DEAD_MESSAGE = ENGINE_DEAD_LOG_MESSAGE
+# RequestError(code="engine_paused").message (vLLM 0.33 v1/engine/core.py `_reject_add_while_paused`).
+ENGINE_PAUSED_MESSAGE = "Generation is paused. Please retry after it resumes."
+# serve/elastic_ep/middleware.py (0.33; 0.32 has only the first)
+SCALING_MESSAGE = "The model is currently scaling. Please try again later."
+RETIRED_MESSAGE = "This data-parallel rank has been retired and is awaiting shutdown."
 
 Body = dict[str, Any]
 
@@ -27,6 +35,29 @@ class EngineHTTPError(Exception):
 
 class EngineGone(Exception):
     """The simulated process is gone (crashed, watchdog exit, or shutting down): no answer at all."""
+
+
+class EnginePaused(Exception):
+    """vLLM 0.33 refused a new request on arrival (`RequestError(code="engine_paused")`): a non-streaming request is
+    answered 503 (`engine_paused_body`), a streaming one 200 and then the error as its only event
+    (`engine_paused_event`). The code itself never reaches the client."""
+
+
+def engine_paused_body() -> Body:
+    """RetryableRequestError through create_error_response: 503 ServiceUnavailableError (sent as compact JSON)."""
+    return openai_error(ENGINE_PAUSED_MESSAGE, "ServiceUnavailableError", 503)
+
+
+def engine_paused_event(*, chat: bool) -> bytes:
+    """The SSE event vLLM 0.33 sends instead of tokens. Completions (`completion_stream_generator`):
+    create_streaming_error_response, i.e. json.dumps with its default separators. Chat
+    (`chat_completion_stream_generator_raw`): create_error_response(str(e), "InternalServerError", 503), dumped
+    compact by pydantic."""
+    if chat:
+        payload = json.dumps(openai_error(ENGINE_PAUSED_MESSAGE, "InternalServerError", 503), separators=(",", ":"))
+    else:
+        payload = json.dumps(openai_error(ENGINE_PAUSED_MESSAGE, "ServiceUnavailableError", 503))
+    return f"data: {payload}\n\n".encode()
 
 
 class ClientLeft(Exception):
@@ -72,8 +103,8 @@ def out_of_memory(op: str) -> EngineHTTPError:
     return worker_failed(OOM_MESSAGE)
 
 
-def engine_dead() -> EngineHTTPError:
-    return EngineHTTPError(500, openai_error(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
+def engine_dead(message: str = ENGINE_DEAD_MESSAGE) -> EngineHTTPError:
+    return EngineHTTPError(500, openai_error(message, "InternalServerError", 500))
 
 
 def plain_error(status: int, message: str) -> EngineHTTPError:

@@ -22,6 +22,7 @@ OPS: tuple[str, ...] = (
     "collective_rpc",
     "fetch_weights",
     "generate",
+    "scale_elastic_ep",
 )
 
 KINDS: dict[str, str] = {
@@ -39,10 +40,18 @@ KINDS: dict[str, str] = {
     "the process exits about 5 s later (vLLM's watchdog)",
     "garbage": "after the operation, completions return degenerate text (token id 0 '!' repeated) with "
     "NaN logprobs, until weights are reloaded or the engine restarts",
+    "lose-lora": "wake_up only: the wake works, but every LoRA adapter loaded before it lost its weights: still "
+    "listed by /v1/models, it answers like the base model (vLLM #53888), until it is loaded again",
+    "retire": "scale_elastic_ep only (0.33): the scale retires this data-parallel rank: /health 200, every other "
+    "path 503 'This data-parallel rank has been retired...'",
+    "scale-fails": "scale_elastic_ep only: the commit fails: 500 'Scale failed', the scaling gate stays up and "
+    "/is_scaling_elastic_ep says phase 'failed' with the error",
     "slow:S": "the operation takes S seconds longer (combines with any other fault)",
 }
 
 _MEMORY_OPS = frozenset({"sleep", "wake_up"})
+# Kinds that only mean something for one operation.
+_ONLY_FOR = {"lose-lora": "wake_up", "retire": "scale_elastic_ep", "scale-fails": "scale_elastic_ep"}
 _LIFECYCLE_ONLY = frozenset({"lie-asleep", "lie-memory"})
 
 
@@ -90,6 +99,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise FaultSpecError(f"bad fault spec {text!r}: KIND must be one of {names}")
     if kind in _LIFECYCLE_ONLY and op == "generate":
         raise FaultSpecError(f"bad fault spec {text!r}: {kind} has no meaning for generate")
+    if kind in _ONLY_FOR and op != _ONLY_FOR[kind]:
+        raise FaultSpecError(f"bad fault spec {text!r}: {kind} applies to {_ONLY_FOR[kind]} only")
     if kind == "lie-memory" and op not in _MEMORY_OPS:
         raise FaultSpecError(f"bad fault spec {text!r}: lie-memory applies to sleep and wake_up only")
     times: int | None = 1

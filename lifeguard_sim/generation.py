@@ -44,6 +44,8 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
     if engine.asleep_tags or engine.is_paused:
         state = f"asleep={sorted(engine.asleep_tags)} pause={engine.scheduler.pause_state.value}"
         engine.violate("generate_while_asleep_or_paused", f"{req.request_id} arrived with {state}", set_out=set_out)
+    if engine.reject_new_requests:
+        raise errors.EnginePaused  # vLLM 0.33: ended on arrival, nothing queued or run
     if fired.kind == "garbage":
         engine.garbage = True
     engine.scheduler.add(req)
@@ -75,7 +77,7 @@ async def generate(
             if req.finished:
                 return
             if engine.errored:
-                raise errors.engine_dead()
+                raise errors.engine_dead(engine.profile.engine_dead_message)
             if not engine.weights_valid and not req.ran_on_invalid_weights:
                 # A request frozen by `mode=keep` (or queued) across a level-2 sleep steps on after the wake.
                 req.ran_on_invalid_weights = True

@@ -64,7 +64,7 @@ async def generate_route(request: web.Request) -> web.Response:
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.text_seed, " ".join(map(str, ids)), top_logprobs=int(logprobs or 0))
+    stream = TokenStream(engine.model_seed(model), " ".join(map(str, ids)), top_logprobs=int(logprobs or 0))
     produced: list[Token] = []
     tokens = generation.generate(engine, req, stream, fired, natural_stop=max_tokens is None)
     async with contextlib.aclosing(tokens):

@@ -15,8 +15,6 @@ from lifeguard_sim.responses import json_response
 from lifeguard_sim.routes_openai import chat_prompt
 from lifeguard_sim.textgen import VOCAB_SIZE, detokenize, piece, tokenize
 
-VLLM_VERSION = "0.32.0"
-
 
 async def health(request: web.Request) -> web.Response:
     # vLLM's /health reads only the local "errored" flag: it stays 200 while asleep, paused or waking.
@@ -24,7 +22,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return json_response({"version": VLLM_VERSION})
+    return json_response({"version": request.app[SIM_ENGINE].profile.version})
 
 
 async def load(request: web.Request) -> web.Response:
@@ -94,10 +92,39 @@ async def openapi(request: web.Request) -> web.Response:
             paths.setdefault(path, {})[route.method.lower()] = {"responses": {"200": {"description": "OK"}}}
     spec = {
         "openapi": "3.1.0",
-        "info": {"title": "vLLM (lifeguard simulator)", "version": VLLM_VERSION},
+        "info": {"title": "vLLM (lifeguard simulator)", "version": request.app[SIM_ENGINE].profile.version},
         "paths": dict(sorted(paths.items())),
     }
     return json_response(spec)
+
+
+async def is_scaling_elastic_ep(request: web.Request) -> web.Response:
+    return json_response(request.app[SIM_ENGINE].elastic_status())
+
+
+def _http_exception(status: int, detail: str) -> errors.EngineHTTPError:
+    """FastAPI's HTTPException through vLLM's handler: the OpenAI envelope, typed with the status's phrase."""
+    phrase = {400: "Bad Request", 408: "Request Timeout", 500: "Internal Server Error"}[status]
+    return errors.EngineHTTPError(status, errors.openai_error(detail, phrase, status))
+
+
+async def scale_elastic_ep(request: web.Request) -> web.Response:
+    """vLLM's handler (serve/elastic_ep/api_router.py), its checks in its order."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise _http_exception(400, "Invalid JSON format") from None
+    if not isinstance(body, dict):
+        raise _http_exception(400, "Invalid JSON format")
+    size = body.get("new_data_parallel_size")
+    drain_timeout = body.get("drain_timeout", 120)
+    if size is None:
+        raise _http_exception(400, "new_data_parallel_size is required")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise _http_exception(400, "new_data_parallel_size must be a positive integer")
+    if not isinstance(drain_timeout, int) or isinstance(drain_timeout, bool) or drain_timeout <= 0:
+        raise _http_exception(400, "drain_timeout must be a positive integer")
+    return json_response(await request.app[SIM_ENGINE].scale_elastic_ep(size))
 
 
 async def sim_state(request: web.Request) -> web.Response:
@@ -131,6 +158,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/load", load, allow_head=False)
     app.router.add_get("/metrics", prometheus, allow_head=False)
     app.router.add_get("/v1/models", models, allow_head=False)
+    app.router.add_post("/is_scaling_elastic_ep", is_scaling_elastic_ep)
+    app.router.add_post("/scale_elastic_ep", scale_elastic_ep)
     app.router.add_post("/tokenize", tokenize_route)
     app.router.add_post("/detokenize", detokenize_route)
     app.router.add_get("/openapi.json", openapi, allow_head=False)

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from lifeguard_sim import errors, generation
 from lifeguard_sim.engine import Engine
-from lifeguard_sim.errors import EngineHTTPError
+from lifeguard_sim.errors import EngineHTTPError, EnginePaused
 from lifeguard_sim.keys import SIM_ENGINE
 from lifeguard_sim.responses import dumps, json_response
 from lifeguard_sim.scheduler import SimRequest
@@ -151,7 +151,18 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         shapers = await asyncio.gather(*(_run_whole(request, spec) for spec in specs))
         return json_response(_merge(shapers))
     spec = specs[0]
-    req, writer, tokens = await _begin(request, spec, "chatcmpl" if chat else "cmpl")
+    try:
+        req, writer, tokens = await _begin(request, spec, "chatcmpl" if chat else "cmpl")
+    except EnginePaused:
+        if not spec.stream:
+            raise
+        # vLLM 0.33 streams: the 200 and its headers go out first, the refusal arrives inside the generator.
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        await response.write(errors.engine_paused_event(chat=chat))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
     async with contextlib.aclosing(tokens):
         if not spec.stream:
             await _collect(engine, req, writer, tokens)
@@ -209,7 +220,7 @@ async def _begin(
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.text_seed, spec.prompt, top_logprobs=spec.logprobs or 0)
+    stream = TokenStream(engine.model_seed(spec.model), spec.prompt, top_logprobs=spec.logprobs or 0)
     writer = _Shaper(spec.model, req, spec)
     return req, writer, generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
 

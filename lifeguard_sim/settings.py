@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeguard_sim.memory import MemoryKind
+from lifeguard_sim.versions import NEWEST
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,8 @@ class SimSettings:
     """Everything the simulator can be told. Times are seconds, sizes GiB."""
 
     model: str = "tiny"
+    # The vLLM release to behave like (lifeguard_sim/versions.py): "0.32" or "0.33".
+    vllm_version: str = NEWEST
     sleep_seconds: float = 0.05
     wake_seconds: float = 0.1
     token_seconds: float = 0.002
@@ -52,3 +55,8 @@ class SimSettings:
     # attention layers' _q_scale with them, the KV cache's wake resets only _k_scale/_v_scale, and every later
     # completion has NaN logprobs, weights pushed or not; only a reload from the checkpoint or a restart clears it.
     fp8_kv_cache: bool = False
+    # Elastic EP in external-LB mode: this API server's data-parallel rank and the deployment's size. A
+    # /scale_elastic_ep below this rank retires it (vLLM 0.33); the scale's commit takes `scale_seconds`.
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    scale_seconds: float = 0.1

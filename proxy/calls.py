@@ -50,7 +50,11 @@ def parse_call(op: str, query: Iterable[tuple[str, str]], body: bytes) -> Lifecy
     if op == "sleep":
         level = _level(_last(pairs, "level", "1"))
         mode = _mode(_last(pairs, "mode", "abort"))
-        return LifecycleCall(op, (("level", str(level)), ("mode", mode)), level=level, mode=mode)
+        kept = [("level", str(level)), ("mode", mode)]
+        # vLLM 0.34's KV-connector switch (serve/dev/sleep/api_router.py); older releases ignore the parameter.
+        if (reset := _bool(pairs, "reset_connector")) is not None:
+            kept.append(("reset_connector", "true" if reset else "false"))
+        return LifecycleCall(op, tuple(kept), level=level, mode=mode)
     if op == "wake_up":
         tags = _tags([v for k, v in pairs if k == "tags"])
         return LifecycleCall(op, tuple(("tags", t) for t in tags or ()), tags=tags)

@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     canary_prompt: str = "The capital of France is"
     canary_timeout_s: float = Field(default=30.0, gt=0)
     canary_max_logprob_drift: float = Field(default=2.0, gt=0)
+    # LoRA adapters served before a sleep must be served, and answer as before, after the wake (vLLM #53888):
+    # /v1/models is read in the reconcile rounds while RUNNING, and each adapter's canary answer recorded.
+    lora_check: bool = True
+    # Adapters given a canary answer; those past it are only checked to be listed after the wake.
+    lora_canary_max_adapters: int = Field(default=8, ge=0)
     # vLLM checks --api-key on /v1 routes only; the canary and model lookup are /v1 calls of our own.
     upstream_api_key: SecretStr | None = None
 

@@ -32,7 +32,8 @@ from .observation import Observation
 from .outcome import Outcome, answered_by_us, from_vllm
 from .probes import Verifier
 from .record import EngineRecord, FailureKind
-from .rules import Defer, Noop, Refuse, Staleness, admission, control_refusal, judge
+from .refusals import Refusal
+from .rules import Admission, Defer, Noop, Refuse, Staleness, admission, control_refusal, judge, unavailable
 from .sleep_operations import SleepOperations
 from .states import State
 from .tasks import Tasks
@@ -137,6 +138,12 @@ class LifecycleCoordinator:
             "lifecycle_busy": self.busy,
             "last_verification": last.as_dict() if last else None,
             "gpu_memory": memory.as_dict() if memory else None,
+            # LoRA adapters seen while healthy (and whether their canary answer is recorded), and those lost in a wake
+            "lora_adapters": {
+                name: {"root": mark.root, "canary_recorded": mark.golden is not None}
+                for name, mark in sorted(self._verifier.adapters.items())
+            },
+            "lost_lora_adapters": sorted(self._verifier.lost_adapters),
             "upstream": self._settings.upstream_shown,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
@@ -262,18 +269,46 @@ class LifecycleCoordinator:
             return from_vllm(await self._weights.run(call), None)
         return await self._sleep.run(call)
 
-    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+    async def exclusive(self, work: Callable[[], Awaitable[T]], *, adapters_may_change: bool = True) -> T:
         """Run a control call that touches weights or memory (routes.RouteKind.SERIALIZED) after any lifecycle
-        transition in progress, never during one; it is not held by a sleep or a pause."""
+        transition in progress, never during one; it is not held by a sleep or a pause. `adapters_may_change`: the
+        call may load or unload a LoRA adapter (the forwarded serialized routes: their usual business), so what the
+        LoRA check recorded no longer holds."""
         if (refusal := control_refusal(self.record.view())) is not None:
             raise refusal
         await self._acquire()
         try:
             if (refusal := control_refusal(self.record.view())) is not None:
                 raise refusal
-            return await work()
+            return await self._watching_elastic_ep(work())
         finally:
+            if adapters_may_change:
+                self._verifier.forget_adapters()
             self._lock.release()
+
+    async def _watching_elastic_ep(self, work: Awaitable[T]) -> T:
+        """Run `work` (a serialized control call, under the lock); while it runs past a reconcile interval, look at
+        vLLM each interval, so a /scale_elastic_ep shows as SCALING and holds inference while vLLM's gate is up
+        instead of letting vLLM's 503 through; once it ends, adopt what vLLM then is."""
+        task = self.tasks.spawn(_awaited(work), name="control:serialized")
+        watched = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._settings.reconcile_interval_s)
+                if done:
+                    break
+                watched = True
+                obs = await self._client.observe()
+                if obs.elastic is not None:
+                    self.record.reconcile_with(obs)
+        finally:
+            if not task.done():
+                task.cancel()
+        if watched or self.state is State.SCALING:
+            obs = await self._client.observe()
+            memory = await self._verifier.read_memory()
+            self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
+        return task.result()
 
     async def _in_session(self, call: LifecycleCall) -> Outcome:
         return from_vllm(await self._weights.in_session(call), None)
@@ -293,16 +328,41 @@ class LifecycleCoordinator:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
                     await self._verifier.record_golden()
+                    await self._verifier.record_adapters()
+
+    async def engine_refused(self, refusal: Refusal) -> State:
+        """The data plane forwarded an inference request and vLLM refused it in a way that says something about the
+        engine (proxy/refusals.py): its own pause (vLLM >= 0.33's `engine_paused`), or its elastic-EP gate. Read vLLM
+        now, under the lock (after any lifecycle call in progress), and adopt what it is: a pause the proxy did not
+        make becomes PAUSED (a drift event, released by /resume like any pause; a /resume sent to vLLM directly is
+        adopted the same way), the gate SCALING or FAILED. Returns the state after; the caller then hands the
+        request to the gate again, which holds it, refuses it with the reason, or forwards it (vLLM was not paused
+        any more: the pause ended meanwhile, or it was another retryable refusal). Never raises for a busy lock: the
+        state is then what the call in progress leaves."""
+        try:
+            await self._acquire()
+        except LifecycleBusy:
+            return self.state
+        try:
+            obs = await self._client.observe()
+            memory = await self._verifier.read_memory()
+            self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory), cause=refusal.kind)
+            return self.state
+        finally:
+            self._lock.release()
 
     async def _healed(self, obs: Observation, memory: GpuReading) -> bool:
-        """FAILED on a healthy, awake engine (garbage, memory not back): re-run the check that failed."""
+        """FAILED on a healthy, awake engine (garbage, memory or an adapter lost): re-run the check that failed."""
         failure = self.record.failure_kind
-        if self.state is not State.FAILED or failure not in (FailureKind.GARBAGE, FailureKind.MEMORY):
+        if self.state is not State.FAILED or failure not in (FailureKind.GARBAGE, FailureKind.MEMORY, FailureKind.LORA):
             return False
-        if not (obs.reachable and obs.healthy and obs.sleeping is False and not obs.paused):
+        if obs.elastic is not None or not (obs.reachable and obs.healthy and obs.sleeping is False and not obs.paused):
             return False  # asleep or paused: nothing to re-check (a canary would be held); restart or reconcile
         canary = self.record.weights_stale is not Staleness.DISCARDED
-        check = await self._verifier.recheck(failure, memory, canary=canary)
+        if failure is FailureKind.LORA:
+            check = await self._verifier.recheck_adapters()
+        else:
+            check = await self._verifier.recheck(failure, memory, canary=canary)
         if check.result != "pass":
             return False
         self.record.healed(obs)
@@ -324,12 +384,14 @@ class LifecycleCoordinator:
         self._gate.close()
 
     def _refresh_gate(self) -> None:
+        view = self.record.view()
         decision = admission(
-            self.record.view(),
-            on_sleeping=self._settings.on_sleeping,
-            hold_while_restarted=self._settings.hold_while_weights_stale,
+            view, on_sleeping=self._settings.on_sleeping, hold_while_restarted=self._settings.hold_while_weights_stale
         )
-        self._gate.set_admission(decision, sleeping=self.state is State.SLEEPING)
+        refusal = unavailable(view) if decision is Admission.REJECT_FAILED else None
+        self._gate.set_admission(decision, sleeping=self.state is State.SLEEPING, refusal=refusal)
+        if refusal is not None and view.failure is FailureKind.RETIRED and self._gate.held:
+            self._gate.refuse_held(refusal)  # nothing will be served here again: waiting out the hold changes nothing
         self._remember()
 
     def _remember(self) -> None:
@@ -347,6 +409,10 @@ def _outcome_of(error: LifeguardError) -> str:
     if isinstance(error, UpstreamError):
         return "upstream_error"
     return "refused"
+
+
+async def _awaited(work: Awaitable[T]) -> T:
+    return await work
 
 
 def _mark_retrieved(future: asyncio.Future[Any]) -> None:

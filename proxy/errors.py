@@ -226,6 +226,20 @@ class EngineUnavailable(LifeguardError):
     retry_after = 5.0
 
 
+class EngineScaling(LifeguardError):
+    """vLLM's elastic-EP gate is up while the deployment scales: a lifecycle call waits for it to end."""
+
+    reason = "engine_scaling"
+    retry_after = 5.0
+
+
+class EngineRetired(LifeguardError):
+    """An elastic-EP scale-down retired this data-parallel rank: nothing will be served here again."""
+
+    reason = "engine_retired"
+    retry_after = 1.0
+
+
 class EngineSleeping(LifeguardError):
     reason = "engine_sleeping"
     retry_after = 5.0

@@ -4,9 +4,12 @@ answer. Every request's whole body is in before it is decided, so nothing here r
 * `Forward`: a request sent to an engine's vLLM on a pooled connection (proxy/upstream_pool.py), its
   answer relayed back: inference the gate admitted (its ticket the gate's in-flight count, registered in
   `InFlightRequests` so a level-2 sleep ends it), control calls, pass-through and unknown routes, vLLM's
-  own `/metrics`. Framing rules are proxy/wire.py's; back-pressure: while the client's transport is over its
-  high-water mark the upstream connection stops being read. A client that leaves closes the upstream
-  connection, which is what makes vLLM abort a generation.
+  own `/metrics`. An inference answer that is vLLM refusing the request because of the engine's own state
+  (its `engine_paused`, its elastic-EP gate: proxy/refusals.py) is never relayed: the request goes back to
+  the gate once the coordinator has adopted that state (at most `_REHOLDS` times). Framing rules are
+  proxy/wire.py's; back-pressure: while the client's transport is over its high-water mark the upstream
+  connection stops being read. A client that leaves closes the upstream connection, which is what makes
+  vLLM abort a generation.
 * `Answered`: what the proxy answers itself (lifecycle calls, `/lifeguard/*`), made by a coroutine.
 * `SerializedForward`: a control call that touches weights or memory, forwarded once the engine's
   lifecycle lock is free (`LifecycleCoordinator.exclusive`).
@@ -27,6 +30,7 @@ from .boundary import caught
 from .engine import Engine
 from .errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from .gate import Ticket
+from .refusals import Pending, Refusal, response_refusal, stream_refusal
 from .request_reader import ParsedRequest
 from .tasks import Tasks
 from .upstream_pool import UpstreamConnection
@@ -47,6 +51,9 @@ _NO_BODY_STATUS = frozenset({204, 304})
 _STALE = b"X-Lifeguard-Weights-Stale: true"
 # An answer with a length up to this size is sent to the client in one write with its head; a larger one streams.
 _WHOLE_UP_TO = 1 << 16
+# How often one request goes back to the gate after vLLM refused it for its own state; then vLLM's answer is relayed
+# (a pause the flags cannot show, taken back each time, must not loop a request for ever).
+_REHOLDS = 3
 
 
 class Exchange(Protocol):
@@ -75,6 +82,11 @@ class ClientSide(Protocol):
     def exchange_done(self, exchange: Exchange, *, close: bool) -> None: ...
 
     def replace_exchange(self, old: Exchange, new: Exchange) -> None: ...
+
+    def back_to_the_gate(self, old: Exchange, engine: Engine, refusal: Refusal) -> None:
+        """vLLM refused `old`'s inference request for the engine's own state: it goes through `engine`'s gate
+        again once the coordinator has adopted that state."""
+        ...
 
 
 class Answering:
@@ -134,6 +146,9 @@ class Forward(Answering):
         "upstream_done",
         "_sent_at",
         "_buffer",
+        "_status",
+        "_headers",
+        "_probe",
     )
 
     def __init__(
@@ -160,6 +175,10 @@ class Forward(Answering):
         self.upstream_done = False
         self._sent_at = 0.0
         self._buffer: list[bytes] | None = None
+        self._status = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        # An inference stream's head and first bytes, kept back until they show it is not vLLM's refusal.
+        self._probe: list[bytes] | None = None
 
     def start(self) -> None:
         if self._ticket is not None:
@@ -236,22 +255,59 @@ class Forward(Answering):
         elif request.version == "1.0":
             lines.append(b"Connection: keep-alive")
         head = b"\r\n".join(lines) + b"\r\n\r\n"
+        self._status, self._headers = status, headers
         if length is not None and length <= _WHOLE_UP_TO and not self._sse:
             self._buffer = [head]
+        elif self._may_refuse() and self._sse and status == 200:
+            self._probe = [head, b""]
         else:
             self.client.transport.write(head)
             self.head_sent = True
 
+    def _may_refuse(self) -> bool:
+        """An inference request that may still go back to the gate if vLLM refuses it for its own state."""
+        return self._ticket is not None and self.request.reholds < _REHOLDS
+
     def response_body(self, data: bytes) -> None:
         if self._buffer is not None:
             self._buffer.append(data)
-        elif self._framing == b"chunked":
+            return
+        if self._probe is not None:
+            self._probe[1] += data
+            verdict = stream_refusal(self._status, self._headers, self._probe[1])
+            if verdict is Pending.MORE:
+                return
+            if isinstance(verdict, Refusal):
+                self._back_to_the_gate(verdict)
+                return
+            self._flush_probe()
+            return
+        self._write_body(data)
+
+    def _flush_probe(self) -> None:
+        """The stream is not a refusal: its head and what was kept back go out."""
+        assert self._probe is not None
+        head, kept = self._probe
+        self._probe = None
+        self.client.transport.write(head)
+        self.head_sent = True
+        self._write_body(kept)
+
+    def _write_body(self, data: bytes) -> None:
+        if self._framing == b"chunked":
             if data:
                 self.client.transport.write(chunk(data))
         elif self._framing:
             self.client.transport.write(data)
 
     def response_end(self) -> None:
+        if self._buffer is not None and self._may_refuse():
+            refusal = response_refusal(self._status, self._headers, b"".join(self._buffer[1:]))
+            if refusal is not None:
+                self._back_to_the_gate(refusal, reusable=True)
+                return
+        if self._probe is not None:
+            self._flush_probe()
         self.upstream_done = True
         if self._buffer is not None:
             self.client.transport.write(b"".join(self._buffer))
@@ -264,9 +320,33 @@ class Forward(Answering):
             conn.release()
         self._finish("forwarded")
 
+    def _back_to_the_gate(self, refusal: Refusal, *, reusable: bool = False) -> None:
+        """vLLM refused this request for the engine's own state: nothing of its answer goes out."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if reusable:
+                conn.release()
+            else:
+                conn.close()  # the rest of a refused stream ([DONE]) is not wanted
+        self.wants_connection = False
+        self._buffer = self._probe = None
+        self.finished = True
+        assert self._ticket is not None
+        self._ticket.done()
+        self._engine.inflight.discard(self)
+        log.info(
+            "vLLM refused a forwarded request (%s: %s); it is held again",
+            refusal.kind,
+            refusal.message,
+            extra={"event": "engine_refused", "engine": self._engine.name, "reason": str(refusal.kind)},
+        )
+        self.client.back_to_the_gate(self, self._engine, refusal)
+
     def upstream_lost(self, why: str) -> None:
         self.conn = None
         self._buffer = None
+        if self._probe is not None:  # what was kept back goes out before the error event that ends it
+            self._flush_probe()
         if not self.head_sent:
             self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
             self._finish("upstream_unreachable")
@@ -279,6 +359,8 @@ class Forward(Answering):
         """End this request now with `error`, whatever stage it is at (its upstream connection closed)."""
         self._drop_upstream()
         self._buffer = None
+        if self._probe is not None and not self.finished:
+            self._flush_probe()
         if not self.finished:
             self._end_with(error)
             self._finish(outcome)

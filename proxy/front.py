@@ -33,6 +33,7 @@ from .exchange import Answered, Exchange, Forward, SerializedForward
 from .fleet import Fleet
 from .held import HeldExchange, not_forwarded
 from .metrics import INFERENCE_OUTCOMES
+from .refusals import Refusal
 from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind
 from .routing import GUARDED, Route, model_of
@@ -85,6 +86,15 @@ class Front:
         if name is None:
             raise ModelNotFound(model)
         return self.for_engine(client, request, route, self.fleet.engines[name])
+
+    async def after_refusal(
+        self, client: FrontConnection, request: ParsedRequest, engine: Engine, refusal: Refusal
+    ) -> Exchange:
+        """A request vLLM refused for the engine's own state, once the coordinator has read and adopted that
+        state: through the gate again (forwarded, held, or refused with the reason)."""
+        await engine.coordinator.engine_refused(refusal)
+        assert request.route is not None
+        return self.for_engine(client, request, request.route, engine)
 
     def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
         kind = route.kind
@@ -376,6 +386,15 @@ class FrontConnection(asyncio.Protocol):
         """An exchange hands over to another (a held request admitted, a control call let through)."""
         if self._active is old:
             self._active = new
+
+    def back_to_the_gate(self, old: Exchange, engine: Engine, refusal: Refusal) -> None:
+        request = old.request
+        request.reholds += 1
+        fleet = self._front.fleet
+        again = Answered(self, request, self._front.after_refusal(self, request, engine, refusal), tasks=fleet.tasks,
+                         count=engine.metrics.proxy_error)  # fmt: skip
+        self.replace_exchange(old, again)
+        again.start()
 
     def _answered(self) -> None:
         # The next request (if one is queued) may still need its body read; one queued behind it pauses again.

@@ -114,6 +114,7 @@ class RequestGate:
         # Set by the wake-on-request policy, which is built after the gate.
         self.on_held_while_sleeping: Callable[[], None] = lambda: None
         self._admission = Admission.HOLD
+        self._refusal: LifeguardError | None = None
         self._sleeping = False
         self._held: collections.deque[Parked] = collections.deque()
         self._inflight = 0
@@ -140,12 +141,16 @@ class RequestGate:
     def admission(self) -> Admission:
         return self._admission
 
-    def set_admission(self, admission: Admission, *, sleeping: bool = False) -> None:
+    def set_admission(
+        self, admission: Admission, *, sleeping: bool = False, refusal: LifeguardError | None = None
+    ) -> None:
         """Told by the coordinator after each change; FORWARD releases every held request in arrival order.
-        Requests held before the engine was known asleep (held while it started or fell asleep) ask for the
-        wake as one that arrives while it sleeps would."""
+        `refusal`: with REJECT_FAILED, the error new requests get (saying why the engine failed). Requests held
+        before the engine was known asleep (held while it started or fell asleep) ask for the wake as one that
+        arrives while it sleeps would."""
         was_sleeping, self._sleeping = self._sleeping, sleeping
         self._admission = admission
+        self._refusal = refusal
         if admission is Admission.FORWARD:
             self._release_batch()
         elif admission is Admission.REJECT_SLEEPING:
@@ -216,8 +221,11 @@ class RequestGate:
         if self._closed is not None:
             raise self._closed
         if self._admission is Admission.REJECT_FAILED:
-            self._on_hold_ended("engine_unavailable", 0.0)
-            raise EngineUnavailable("the engine has failed; the proxy refuses new requests until it is back")
+            error = self._refusal or EngineUnavailable(
+                "the engine has failed; the proxy refuses new requests until it is back"
+            )
+            self._on_hold_ended(error.reason, 0.0)
+            raise error
         if self._admission is Admission.REJECT_SLEEPING:
             raise EngineSleeping("the engine is asleep and this proxy rejects requests while it sleeps")
         if len(self._held) >= self._max_held:

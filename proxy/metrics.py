@@ -69,6 +69,7 @@ HOLD_OUTCOMES: tuple[str, ...] = (
     "hold_queue_full",
     "shutting_down",
     "engine_unavailable",
+    "engine_retired",  # an elastic-EP scale-down retired this rank (proxy/elastic_ep.py)
     "insufficient_gpu_memory",
 )
 
@@ -87,7 +88,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
 ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough")
 
 #: Verification checks run after a lifecycle 200, and their results.
-CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary")
+CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora")
 CHECK_RESULTS: tuple[str, ...] = ("pass", "fail", "unavailable")
 
 #: Operating policies that can act on their own.

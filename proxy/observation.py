@@ -1,4 +1,4 @@
-"""`Observation`: what vLLM's flags and sleep-state gauge said in one round, and the gauge's parser.
+"""`Observation`: what vLLM's flags, sleep-state gauge and elastic-EP gate said in one round, and the gauge's parser.
 
 Sans-IO: the HTTP client (proxy/upstream.py) reads these; the record (proxy/record.py) and the verifier
 decide what they mean without importing any HTTP library.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .elastic_ep import ElasticStatus
 
 _SLEEP_STATE = re.compile(rb'^vllm:engine_sleep_state\{[^}]*sleep_state="(\w+)"[^}]*\} ([0-9.eE+-]+)', re.M)
 
@@ -44,3 +46,6 @@ class Observation:
     # unknown. It tells a sleep from a mere pause, which the two flags cannot (both are true in both).
     metric_level: int | None = None
     metric_awake: bool | None = None
+    # Set when vLLM's elastic-EP gate answered the flag reads (proxy/elastic_ep.py): the flags are unknown then, and
+    # what vLLM is doing is what /is_scaling_elastic_ep said. `healthy` is no witness in that case.
+    elastic: ElasticStatus | None = None

@@ -7,7 +7,10 @@ deadline and poll interval:
 * memory - the GPUs' used memory moved as the operation promises (sleep without `--enable-sleep-mode`
   returns 200 and frees nothing: only NVML sees it);
 * canary - a one-token greedy completion with logprobs is finite, not degenerate, and matches the
-  golden answer recorded while the engine was known good (catches unzeroed pages after a wake, #44972).
+  golden answer recorded while the engine was known good (catches unzeroed pages after a wake, #44972);
+* lora - after a full wake, every LoRA adapter vLLM listed before the sleep (`/v1/models`, the cards with a
+  `parent`) is still listed and answers the canary as it did before (vLLM #53888: an adapter still listed that
+  answers like the base model). A `/v1/models` that cannot be read then is a failed check, not a pass.
 The verifier reports; the coordinator decides what state that means.
 """
 
@@ -34,6 +37,7 @@ class CheckName(enum.StrEnum):
     FLAGS = "flags"
     MEMORY = "memory"
     CANARY = "canary"
+    LORA = "lora"
 
 
 class CheckResult(enum.StrEnum):
@@ -100,6 +104,29 @@ class CanaryAnswer:
     logprob: float
 
 
+@dataclass(frozen=True)
+class AdapterMark:
+    """A LoRA adapter as last seen healthy: where vLLM loaded it from, and its canary answer (None: not recorded)."""
+
+    root: str | None
+    golden: CanaryAnswer | None = None
+
+
+def listed_adapters(payload: object) -> dict[str, str | None]:
+    """The LoRA adapters in vLLM's `/v1/models` body: its cards with a `parent` (the base model's card has none),
+    by id, with their `root` (the path vLLM loaded them from). ValueError saying what is wrong with the body."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise ValueError("the body is not a model list (no 'data' list)")
+    adapters: dict[str, str | None] = {}
+    for card in payload["data"]:
+        if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+            raise ValueError(f"a model card without an id: {card!r:.200}")
+        if card.get("parent") is not None:
+            root = card.get("root")
+            adapters[card["id"]] = root if isinstance(root, str) else None
+    return adapters
+
+
 class Verifier:
     def __init__(
         self,
@@ -121,6 +148,12 @@ class Verifier:
         self.last: Verdict | None = None
         self.last_memory: GpuReading | None = None
         self._model: str | None = None
+        # LoRA adapters: as seen while healthy, as they were when the last sleep began, and those a check found lost.
+        self.adapters: dict[str, AdapterMark] = {}
+        self._before_sleep: dict[str, AdapterMark] = {}
+        self.lost_adapters: dict[str, AdapterMark] = {}
+        self._adapters_reloaded = False
+        self._last_answer: CanaryAnswer | None = None
 
     async def read_memory(self) -> GpuReading:
         reading = await self._gpu.read()
@@ -136,6 +169,8 @@ class Verifier:
             self._add(verdict, await self._check_memory(expect.memory, memory_before, verdict))
         if verdict.failed is None and expect.canary and self._settings.canary_enabled:
             self._add(verdict, await self._check_canary())
+        if verdict.failed is None and expect.canary and self._before_sleep:
+            self._add(verdict, await self._check_adapters())
         verdict.seconds = time.monotonic() - started
         self.last = verdict
         return verdict
@@ -165,6 +200,115 @@ class Verifier:
     def forget_golden(self) -> None:
         """New weights legitimately change the answer: the next passing canary becomes the golden one."""
         self.golden = None
+        self.forget_adapters()
+
+    def forget_adapters(self) -> None:
+        """The adapters (or the weights under them) changed legitimately: a LoRA load or unload went through, or the
+        weights were replaced. Nothing recorded about them holds; the next healthy round records them again."""
+        self.adapters = {}
+        self._before_sleep = {}
+        self._adapters_reloaded = True
+
+    # ----- LoRA adapters
+    async def record_adapters(self) -> None:
+        """On an engine known good (RUNNING, weights current): the adapters vLLM lists, each with its canary answer
+        (at most `lora_canary_max_adapters` answered). An unreadable /v1/models leaves what was recorded."""
+        if not self._settings.lora_check:
+            return
+        try:
+            listed = await self._listed_adapters()
+        except (UpstreamError, ValueError):
+            return
+        marks = {name: mark for name, mark in self.adapters.items() if listed.get(name, "") == mark.root}
+        for name, root in listed.items():
+            marks.setdefault(name, AdapterMark(root))
+        answered = sum(1 for mark in marks.values() if mark.golden is not None)
+        for name, mark in marks.items():
+            if mark.golden is not None or not self._settings.canary_enabled:
+                continue
+            if answered >= self._settings.lora_canary_max_adapters:
+                break
+            try:
+                answer = await self._canary(model=name)
+            except (UpstreamError, ValueError, KeyError, TypeError, IndexError):
+                continue
+            if math.isfinite(answer.logprob):
+                marks[name] = AdapterMark(mark.root, answer)
+                answered += 1
+        self.adapters = marks
+
+    def adapters_before_sleep(self) -> None:
+        """A sleep begins: the adapters to find again after the wake are those recorded now."""
+        self._before_sleep = dict(self.adapters) if self._settings.lora_check else {}
+        self._adapters_reloaded = False
+
+    async def _listed_adapters(self) -> dict[str, str | None]:
+        reply = await self._client.call("GET", "/v1/models", headers=self._auth())
+        if reply.status != 200:
+            raise ValueError(f"status {reply.status}: {reply.message()}")
+        return listed_adapters(reply.json())
+
+    async def _check_adapters(self) -> Check:
+        """After a full wake: every adapter listed before the sleep is listed and answers as it did then."""
+        before, self._before_sleep = self._before_sleep, {}
+        try:
+            listed = await self._listed_adapters()
+        except (UpstreamError, ValueError) as exc:
+            self.lost_adapters = before
+            return Check(CheckName.LORA, CheckResult.FAIL, f"/v1/models could not be read after the wake: {exc}")
+        problems: list[str] = []
+        lost: dict[str, AdapterMark] = {}
+        for name, mark in sorted(before.items()):
+            problem = await self._adapter_problem(name, mark, listed, base=self._last_answer)
+            if problem is not None:
+                problems.append(problem)
+                lost[name] = mark
+        if problems:
+            self.lost_adapters = lost
+            detail = "; ".join(problems) + " (vLLM #53888); load it again (/v1/load_lora_adapter) or unload it"
+            return Check(CheckName.LORA, CheckResult.FAIL, detail, sorted(lost))
+        answered = sum(1 for mark in before.values() if mark.golden is not None)
+        detail = f"{len(before)} adapter(s) listed as before the sleep, {answered} answering as before"
+        return Check(CheckName.LORA, CheckResult.PASS, detail, sorted(before))
+
+    async def _adapter_problem(
+        self, name: str, mark: AdapterMark, listed: dict[str, str | None], *, base: CanaryAnswer | None
+    ) -> str | None:
+        if name not in listed:
+            return f"adapter {name!r} (loaded from {mark.root}) is no longer listed by /v1/models"
+        if mark.golden is None:
+            return None
+        try:
+            answer = await self._canary(model=name)
+        except (UpstreamError, ValueError, KeyError, TypeError, IndexError) as exc:
+            return f"adapter {name!r}: its canary completion failed: {exc}"
+        if self._same(answer, mark.golden):
+            return None
+        like = " as the base model does" if base is not None and self._same(answer, base) else ""
+        return (
+            f"adapter {name!r} answers {answer.text!r} ({answer.logprob:.3f}){like}; "
+            f"before the sleep it answered {mark.golden.text!r} ({mark.golden.logprob:.3f})"
+        )
+
+    async def recheck_adapters(self) -> Check:
+        """FAILED for lost adapters: healed once each is unloaded, loaded again (through the proxy, or from another
+        path), or answers as before the sleep again."""
+        try:
+            listed = await self._listed_adapters()
+        except (UpstreamError, ValueError) as exc:
+            return Check(CheckName.LORA, CheckResult.FAIL, f"/v1/models could not be read: {exc}")
+        for name, mark in sorted(self.lost_adapters.items()):
+            if self._adapters_reloaded or name not in listed or listed[name] != mark.root:
+                continue
+            problem = await self._adapter_problem(name, mark, listed, base=None)
+            if problem is not None:
+                return Check(CheckName.LORA, CheckResult.FAIL, problem, sorted(self.lost_adapters))
+        self.lost_adapters = {}
+        return Check(CheckName.LORA, CheckResult.PASS, "the lost adapters are loaded again or unloaded")
+
+    def _same(self, answer: CanaryAnswer, golden: CanaryAnswer) -> bool:
+        drift = abs(answer.logprob - golden.logprob)
+        return answer.text == golden.text and drift <= self._settings.canary_max_logprob_drift
 
     def _add(self, verdict: Verdict, check: Check) -> None:
         verdict.checks.append(check)
@@ -272,6 +416,7 @@ class Verifier:
             )
         if not answer.text.strip("!") and self.golden is None:
             return Check(CheckName.CANARY, CheckResult.FAIL, f"degenerate token {answer.text!r}", answer.__dict__)
+        self._last_answer = answer
         golden = self.golden
         if golden is None:
             self.golden = answer
@@ -287,14 +432,18 @@ class Verifier:
             )
         return Check(CheckName.CANARY, CheckResult.PASS, f"matches golden (logprob drift {drift:.3f})", answer.__dict__)
 
-    async def _canary(self) -> CanaryAnswer:
+    def _auth(self) -> dict[str, str] | None:
         key = self._settings.upstream_api_key
-        auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
+
+    async def _canary(self, model: str | None = None) -> CanaryAnswer:
+        """The canary completion, of the base model or (`model`) of one LoRA adapter."""
+        auth = self._auth()
         if self._model is None:
             models = (await self._client.call("GET", "/v1/models", headers=auth)).json()
             self._model = str(models["data"][0]["id"])
         payload = {
-            "model": self._model,
+            "model": model or self._model,
             "prompt": self._settings.canary_prompt,
             "max_tokens": 1,
             "temperature": 0,

@@ -16,11 +16,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from .elastic_ep import ElasticStatus, ElasticVerdict
 from .memo import Memo
 from .metrics import EngineMetrics
 from .observation import Observation
-from .rules import EngineView, Staleness, asleep_tags_for
+from .rules import EngineView, FailureKind, Staleness, asleep_tags_for
 from .states import Lifecycle, State
+
+__all__ = ["EngineRecord", "FailureKind"]
+
+# FAILED kinds a healthy reconcile round ends: the engine went away (or out of service) and is back.
+_COMES_BACK = frozenset({FailureKind.UNREACHABLE, FailureKind.ELASTIC_EP, FailureKind.RETIRED})
 
 log = logging.getLogger("lifeguard.lifecycle")
 
@@ -30,6 +36,7 @@ _SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
     State.PAUSED: lambda lifecycle: lifecycle.settle_paused(),
     State.SLEEPING: lambda lifecycle: lifecycle.settle_sleeping(),
     State.UPDATING_WEIGHTS: lambda lifecycle: lifecycle.settle_updating(),
+    State.SCALING: lambda lifecycle: lifecycle.settle_scaling(),
 }
 
 
@@ -39,14 +46,6 @@ class SessionTarget(enum.StrEnum):
     MODEL = "model"
     DRAFTER = "drafter"  # /start_draft_weight_update: vLLM's speculative-decoding drafter
     LORA_ADAPTER = "lora_adapter"  # a round armed by skyrl_set_lora_receive_target
-
-
-class FailureKind(enum.StrEnum):
-    """Why the engine is FAILED: gone, or up but broken in a way a re-check can clear."""
-
-    UNREACHABLE = "unreachable"
-    GARBAGE = "garbage"
-    MEMORY = "memory"
 
 
 class EngineRecord:
@@ -83,6 +82,9 @@ class EngineRecord:
         self.history_since = self.since  # the transitions (the last 50) are this record's, from its start
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        # What /is_scaling_elastic_ep said the last time vLLM's elastic-EP gate was up (None: not up).
+        self.elastic: ElasticStatus | None = None
+        self._elastic_problem_logged: str | None = None
         self._ever_running = False
         self.lifecycle = Lifecycle(self._on_state_change)
 
@@ -91,7 +93,14 @@ class EngineRecord:
         return self.lifecycle.state
 
     def view(self) -> EngineView:
-        return replace(self._facts, state=self.state)
+        state = self.state
+        reason = None
+        if state is State.FAILED and self.last_error is not None:
+            reason = str(self.last_error["message"])
+        elif state is State.SCALING and self.elastic is not None:
+            reason = self.elastic.describe()
+        failure = self.failure_kind if state is State.FAILED else None
+        return replace(self._facts, state=state, failure=failure, reason=reason)
 
     # Read-only from outside: every change goes through a method below, which ends in the view change.
     @property
@@ -241,6 +250,8 @@ class EngineRecord:
         self.error("engine_" + kind, message)
         if self.state is not State.FAILED:
             self.lifecycle.fail()
+        else:
+            self._on_view_change()  # the same state for another reason: refusals say the new one
 
     def settle(self, state: State) -> None:
         """The one way to settle: from wherever we are (FAILED included) into `state`."""
@@ -256,6 +267,10 @@ class EngineRecord:
         """Set our state from vLLM's flags. They cannot tell a pause from a sleep, so `hint` says which
         of the two we were near (the operation that just failed, or the state we believed).
         `memory_freed`: whether the GPUs show the sleep's memory gone (None: cannot tell)."""
+        if obs.elastic is not None:
+            self._adopt_elastic(obs.elastic)
+            return
+        self._elastic_ended()
         if not obs.reachable or not obs.healthy:
             self.set_failed(FailureKind.UNREACHABLE, message or obs.error or "/health is not 200")
             return
@@ -290,9 +305,47 @@ class EngineRecord:
                 self.discarded()
             self.settle(State.SLEEPING)
 
-    def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None) -> None:
-        """One round of the reconcile loop: engine lost, engine back, or drift."""
+    def _adopt_elastic(self, status: ElasticStatus) -> None:
+        """vLLM's elastic-EP gate answered instead of its flags; `status` is what /is_scaling_elastic_ep said."""
+        if status.problem is not None and status.problem != self._elastic_problem_logged:
+            log.warning(
+                "vLLM's elastic EP gate is up and its status cannot be read: %s; held as scaling",
+                status.problem,
+                extra={"event": "elastic_ep_status_unreadable"},
+            )
+        self._elastic_problem_logged = status.problem
+        changed = self.elastic != status
+        self.elastic = status
+        verdict = status.verdict
+        if verdict is ElasticVerdict.SCALING:
+            self.error("engine_scaling", status.describe())
+            self.settle(State.SCALING)
+            if changed:
+                self._on_view_change()
+        else:
+            self.set_failed(FailureKind.RETIRED if verdict is ElasticVerdict.RETIRED else FailureKind.ELASTIC_EP,
+                            status.describe())  # fmt: skip
+        if changed:
+            log.warning("elastic EP: %s", status.describe(), extra={"event": "elastic_ep", **status.as_dict()})
+
+    def _elastic_ended(self) -> None:
+        if self.elastic is not None:
+            log.info("elastic EP: vLLM's gate is down again", extra={"event": "elastic_ep_ended"})
+        self.elastic = None
+        self._elastic_problem_logged = None
+
+    def reconcile_with(self, obs: Observation, *, memory_freed: bool | None = None, cause: str | None = None) -> None:
+        """One round of the reconcile loop: engine lost, engine back, scaling, or drift. `cause`: what made the
+        coordinator look now (a refusal of a forwarded request, proxy/refusals.py), kept with a drift event."""
+        if obs.elastic is not None:
+            self._adopt_elastic(obs.elastic)
+            return
         state = self.state
+        if state is State.SCALING:
+            self._elastic_ended()
+            # The scale is over: what vLLM is now is what its flags say (a scale does not change the weights).
+            self.adopt(obs, hint=State.RUNNING, memory_freed=memory_freed)
+            return
         if not obs.reachable or not obs.healthy:
             if state is State.STARTING:
                 # A sidecar starts before vLLM has loaded its model: not a failure, requests are held.
@@ -303,10 +356,14 @@ class EngineRecord:
                 self.failure_kind = FailureKind.UNREACHABLE
             return
         if state is State.FAILED:
-            if self.failure_kind is not FailureKind.UNREACHABLE:
-                return  # healthy but broken (garbage, memory not back): only a restart brings it back
+            kind = self.failure_kind
+            if kind not in _COMES_BACK:
+                return  # healthy but broken (garbage, memory or an adapter lost): re-checked by the coordinator
+            self._elastic_ended()
             self.lifecycle.engine_back()
-            if self._ever_running:
+            # Back after being gone: a restart, as far as anyone can tell; a retired rank that answers again is a new
+            # process. A failed elastic-EP scale that vLLM recovered from kept its weights.
+            if (kind is FailureKind.UNREACHABLE and self._ever_running) or kind is FailureKind.RETIRED:
                 self._restarted()
             state = State.STARTING
         if state is State.STARTING:
@@ -326,6 +383,8 @@ class EngineRecord:
                 self._on_weights_changed()
             self.adopt(obs, hint=state, memory_freed=memory_freed)
             event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}
+            if cause is not None:
+                event["cause"] = cause
             self.drift_events.append(event)
             self._metrics.drift()
             log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **event})
@@ -386,6 +445,8 @@ class EngineRecord:
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
             "recent_errors": [dict(e) for e in self.errors],
+            "failure": self.failure_kind if self.state is State.FAILED else None,
+            "elastic_ep": self.elastic.as_dict() if self.elastic is not None else None,
             "transitions": list(self.history),
             "history_since": self.history_since,
             "drift_events": list(self.drift_events),

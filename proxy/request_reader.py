@@ -80,6 +80,7 @@ class ParsedRequest:
         "error",
         "route",
         "drop",
+        "reholds",
     )
 
     def __init__(self) -> None:
@@ -102,6 +103,7 @@ class ParsedRequest:
         self.error: LifeguardError | None = None
         self.route: Route | None = None  # where it goes (proxy/routing.py), decided when its head is read
         self.drop = _NO_TOKENS  # the header that carried the admin token, never forwarded
+        self.reholds = 0  # how often vLLM refused it for the engine's own state and it went back to the gate
 
     def whole_body(self) -> bytes:
         """The body received, joined once."""

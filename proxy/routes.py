@@ -58,8 +58,9 @@ LIFECYCLE_PATHS: dict[str, str] = {
 _R, _P, _RP = ("GET", "HEAD"), ("POST",), ("GET", "HEAD", "POST")
 ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
-# vLLM 0.32's routes (vllm/entrypoints/**/api_router.py, built with every flag on by
-# scripts/vllm/vllm_routes.py), as (methods, path template, kind).
+# vLLM's routes as (methods, path template, kind): 0.32's (vllm/entrypoints/**/api_router.py, built with every
+# flag on by scripts/vllm/vllm_routes.py) and those of every newer release, read from its wheel by the AST scan of
+# scripts/vllm/route_scan.py (`make test-vllm-routes`).
 VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     *((_P, path, RouteKind.LIFECYCLE) for path in LIFECYCLE_PATHS),
     # serve/dev/cache, rl/online, serve/profile, scale_out: control calls that never wait
@@ -82,6 +83,11 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     (_P, "/scale_elastic_ep", RouteKind.SERIALIZED),
     (_P, "/weight_checker", RouteKind.SERIALIZED),
     (_P, "/fault_tolerance/apply", RouteKind.SERIALIZED),
+    (_P, "/v1/fault_tolerance/apply", RouteKind.SERIALIZED),  # vLLM 0.34's path for it
+    # vLLM 0.34 (serve/checkpoint/api_router.py): drain and release memory for a process checkpoint, and back.
+    # They wait for a transition in progress; what they leave vLLM in is read back from its flags (drift).
+    (_P, "/checkpoint/prepare", RouteKind.SERIALIZED),
+    (_P, "/checkpoint/restore", RouteKind.SERIALIZED),
     # read-only, health, metrics, docs
     (_R, "/health", RouteKind.NEVER_GATED),
     (_RP, "/ping", RouteKind.NEVER_GATED),
@@ -97,8 +103,16 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     (_R, "/kv_event_sources", RouteKind.NEVER_GATED),
     (_R, "/tokenizer_info", RouteKind.NEVER_GATED),
     (_R, "/fault_tolerance/status", RouteKind.NEVER_GATED),
+    (_R, "/v1/fault_tolerance/status", RouteKind.NEVER_GATED),
+    (_R, "/checkpoint/status", RouteKind.NEVER_GATED),
     (_P, "/is_scaling_elastic_ep", RouteKind.NEVER_GATED),
     (_R, "/openapi.json", RouteKind.NEVER_GATED),
+    # --enable-offline-docs: the Swagger UI's files (serve/instrumentator/offline_docs.py)
+    (("*",), "/static", RouteKind.NEVER_GATED),
+    (("*",), "/static/*", RouteKind.NEVER_GATED),
+    # the data-parallel supervisor's own app (launchers/dp_supervisor.py), in front of its API servers
+    (_R, "/ready", RouteKind.NEVER_GATED),
+    (_R, "/readyz", RouteKind.NEVER_GATED),
     (_R, "/docs", RouteKind.NEVER_GATED),
     (_R, "/docs/oauth2-redirect", RouteKind.NEVER_GATED),
     (_R, "/redoc", RouteKind.NEVER_GATED),
@@ -115,6 +129,7 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     (_P, "/v1/messages/render", RouteKind.NEVER_GATED),
     (_P, "/v1/completions/derender", RouteKind.NEVER_GATED),
     (_P, "/v1/chat/completions/derender", RouteKind.NEVER_GATED),
+    (_P, "/cohere/v2/chat/render", RouteKind.NEVER_GATED),
     # inference
     *(
         (_P, path, RouteKind.INFERENCE)
@@ -125,6 +140,10 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
             "/v1/responses",
             "/v1/messages",
             "/v1/systemone",
+            # vLLM 0.33: label reads on the engine (openai/decisions/api_router.py), so it waits like a completion
+            "/v1/decisions",
+            # with the cohere SDK installed (cohere/api_router.py)
+            "/cohere/v2/chat",
             "/v1/embeddings",
             "/v2/embed",
             "/v1/audio/transcriptions",

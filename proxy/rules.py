@@ -16,6 +16,8 @@ from .calls import LifecycleCall
 from .errors import (
     AlreadyAsleep,
     EngineAsleep,
+    EngineRetired,
+    EngineScaling,
     EngineUnavailable,
     LifeguardError,
     NotPaused,
@@ -37,6 +39,20 @@ class Staleness(enum.StrEnum):
     RESTARTED = "restarted"  # a restarted vLLM holds its initial checkpoint
 
 
+class FailureKind(enum.StrEnum):
+    """Why the engine is FAILED: gone, up but broken in a way a re-check can clear, or out of service."""
+
+    UNREACHABLE = "unreachable"
+    GARBAGE = "garbage"
+    MEMORY = "memory"
+    # A LoRA adapter served before a sleep is gone, or answers like the base model, after the wake (vLLM #53888).
+    LORA = "lora"
+    # vLLM's elastic-EP scale failed and it keeps its gate up (phase "failed").
+    ELASTIC_EP = "elastic_ep"
+    # An elastic-EP scale-down retired this data-parallel rank: it answers nothing but /health until it is stopped.
+    RETIRED = "retired"
+
+
 @dataclass(frozen=True)
 class EngineView:
     """What we hold to be true about the engine, besides the state itself."""
@@ -55,6 +71,9 @@ class EngineView:
     # The asleep tags were put to sleep by a worker RPC (skyrl_sleep_for_weight_sync, proxy/worker_rpcs.py)
     # behind vLLM's executor: vLLM's /sleep, /wake_up and /resume know nothing of it.
     asleep_outside_vllm: bool = False
+    # FAILED or SCALING: why, for the refusals (the record's last error message).
+    failure: FailureKind | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +120,8 @@ def wake_targets(call: LifecycleCall, view: EngineView) -> frozenset[str]:
 def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[str] = frozenset()) -> Decision:
     """`weight_rpc_methods`: the /collective_rpc methods that read or write the weights."""
     state = view.state
-    if state in (State.STARTING, State.FAILED):
-        return Refuse(EngineUnavailable(f"the engine is not available (state {state.value})"))
+    if state in (State.STARTING, State.FAILED, State.SCALING):
+        return Refuse(unavailable(view))
     in_update = state is State.UPDATING_WEIGHTS
     op = call.op
     rpc_kind = call.rpc_kind if op == "collective_rpc" else None
@@ -251,10 +270,24 @@ def _judge_release(view: EngineView) -> Decision:
     return Refuse(NotPaused("/release_kv_cache_memory needs a completed pause: call /pause first"))
 
 
+def unavailable(view: EngineView) -> LifeguardError:
+    """The error for a call the engine cannot take in its state (STARTING, FAILED, SCALING), saying why."""
+    why = f": {view.reason}" if view.reason else ""
+    if view.state is State.SCALING:
+        return EngineScaling(f"the engine is scaling; calls wait until it has scaled{why}")
+    if view.failure is FailureKind.RETIRED:
+        return EngineRetired(f"the engine is out of service{why}")
+    return EngineUnavailable(f"the engine is not available (state {view.state.value}){why}")
+
+
 def control_refusal(view: EngineView) -> LifeguardError | None:
-    """Why a control call (route kinds AT_ONCE and SERIALIZED) may not be forwarded now, if it may not."""
-    if view.state is State.FAILED:
-        return EngineUnavailable("the engine has failed; control calls are refused until it is back")
+    """Why a control call (route kinds AT_ONCE and SERIALIZED) may not be forwarded now, if it may not. A lost LoRA
+    adapter is put back with one (/v1/load_lora_adapter), so that failure lets them through."""
+    if view.state is State.FAILED and view.failure is not FailureKind.LORA:
+        why = f": {view.reason}" if view.reason else ""
+        if view.failure is FailureKind.RETIRED:
+            return EngineRetired(f"the engine is out of service; control calls are refused{why}")
+        return EngineUnavailable(f"the engine has failed; control calls are refused until it is back{why}")
     return None
 
 

@@ -116,6 +116,10 @@ class SleepOperations:
         if self._record.state is State.RUNNING:
             self._verifier.note_awake(before)
         prev = self._record.state
+        if prev is State.RUNNING and self._record.weights_stale is None:
+            await self._verifier.record_adapters()  # an adapter loaded since the last round is found again too
+        if prev is not State.SLEEPING:
+            self._verifier.adapters_before_sleep()
         if prev is State.SLEEPING:
             self._record.lifecycle.begin_sleep_again()
         else:
@@ -192,6 +196,7 @@ class SleepOperations:
 
     async def release_kv_cache_memory(self, call: LifecycleCall) -> Outcome:
         before = await self._verifier.read_memory()
+        self._verifier.adapters_before_sleep()
         self._record.lifecycle.begin_sleep()
         reply = await self._calls.post(call, "/release_kv_cache_memory", hint=State.PAUSED)
         verdict = await self._verifier.verify(
@@ -242,6 +247,10 @@ class SleepOperations:
             if check.name is CheckName.CANARY:
                 self._record.set_failed(
                     FailureKind.GARBAGE, f"the engine produces garbage after {call.op}: {check.detail}"
+                )
+            elif check.name is CheckName.LORA:
+                self._record.set_failed(
+                    FailureKind.LORA, f"a LoRA adapter served before the sleep is lost after {call.op}: {check.detail}"
                 )
             elif check.name is CheckName.MEMORY and call.op == "wake_up":
                 self._record.set_failed(

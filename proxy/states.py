@@ -28,10 +28,12 @@ class State(enum.Enum):
     SLEEPING = "SLEEPING"
     WAKING = "WAKING"
     UPDATING_WEIGHTS = "UPDATING_WEIGHTS"
+    # vLLM's elastic-EP gate is up while the deployment scales (proxy/elastic_ep.py): inference held.
+    SCALING = "SCALING"
     FAILED = "FAILED"
 
 
-SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.FAILED})
+SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.SCALING, State.FAILED})
 
 _ANY = [s for s in State]
 _SETTLE_FROM = [s for s in State if s is not State.FAILED]
@@ -52,6 +54,7 @@ TRANSITIONS: list[dict[str, Any]] = [
     {"trigger": "settle_paused", "source": _SETTLE_FROM, "dest": State.PAUSED},
     {"trigger": "settle_sleeping", "source": _SETTLE_FROM, "dest": State.SLEEPING},
     {"trigger": "settle_updating", "source": _SETTLE_FROM, "dest": State.UPDATING_WEIGHTS},
+    {"trigger": "settle_scaling", "source": _SETTLE_FROM, "dest": State.SCALING},
     {"trigger": "fail", "source": _ANY, "dest": State.FAILED},
     # A failed engine is only trusted again once it has been seen healthy from scratch.
     {"trigger": "engine_back", "source": State.FAILED, "dest": State.STARTING},
@@ -114,6 +117,9 @@ class Lifecycle:
         raise _STUB
 
     def settle_updating(self) -> bool:
+        raise _STUB
+
+    def settle_scaling(self) -> bool:
         raise _STUB
 
     def fail(self) -> bool:

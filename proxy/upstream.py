@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from .elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
 from .errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable
 from .observation import Observation, parse_sleep_state
 
@@ -103,24 +104,28 @@ class VllmClient:
 
     async def flag(self, path: str, name: str) -> bool | None:
         """`/is_sleeping` or `/is_paused`; None when this vLLM does not serve the route."""
-        reply = await self.call("GET", path)
-        if reply.status == 404:
-            return None
-        if reply.status != 200:
-            raise _bad_status(path, reply)
-        value = (reply.json() or {}).get(name)
-        return bool(value) if value is not None else None
+        return _flag(await self.call("GET", path), path, name)
 
     async def observe(self) -> Observation:
         """Read `/health`, `/is_sleeping` and `/is_paused` (vLLM answers these without an engine round-trip
-        for health; the flags wait behind a running sleep/wake on the engine-core thread)."""
+        for health; the flags wait behind a running sleep/wake on the engine-core thread). When vLLM's elastic-EP
+        gate answers instead, what `/is_scaling_elastic_ep` says (proxy/elastic_ep.py)."""
         try:
-            healthy = await self.health()
-            if not healthy:
+            health = await self.call("GET", "/health")
+            gated = gate_message(health.status, health.body) is not None  # vLLM 0.32 gates /health too
+            if health.status != 200 and not gated:
                 return Observation(reachable=True, healthy=False)
-            sleeping, paused = await asyncio.gather(
-                self.flag("/is_sleeping", "is_sleeping"), self.flag("/is_paused", "is_paused")
-            )
+            flags = None if gated else await self._flag_replies()
+            if flags is None or _gated(*flags):
+                status = await self.elastic_status()
+                if status.verdict is not ElasticVerdict.RETIRED:
+                    return Observation(reachable=True, healthy=health.status == 200, elastic=status)
+                # A scale that ended between the flag read and the status read is not a retirement: look once more.
+                flags = await self._flag_replies()
+                if _gated(*flags):
+                    return Observation(reachable=True, healthy=health.status == 200, elastic=status)
+            sleeping = _flag(flags[0], "/is_sleeping", "is_sleeping")
+            paused = _flag(flags[1], "/is_paused", "is_paused")
         except UpstreamTimeout as exc:
             return Observation(reachable=False, timed_out=True, error=exc.message)
         except UpstreamUnreachable as exc:
@@ -134,12 +139,34 @@ class VllmClient:
             reachable=True, healthy=True, sleeping=sleeping, paused=paused, metric_awake=awake, metric_level=level
         )
 
+    async def _flag_replies(self) -> tuple[Reply, Reply]:
+        sleeping, paused = await asyncio.gather(self.call("GET", "/is_sleeping"), self.call("GET", "/is_paused"))
+        return sleeping, paused
+
+    async def elastic_status(self) -> ElasticStatus:
+        """`POST /is_scaling_elastic_ep`, parsed; an answer that cannot be read is a status with its `problem`."""
+        reply = await self.call("POST", "/is_scaling_elastic_ep")
+        return parse_status(reply.status, reply.body)
+
     async def sleep_state(self) -> tuple[bool | None, int | None]:
         try:
             reply = await self.call("GET", "/metrics")
         except (UpstreamUnreachable, UpstreamTimeout):
             return None, None
         return parse_sleep_state(reply.body) if reply.status == 200 else (None, None)
+
+
+def _gated(*replies: Reply) -> bool:
+    return any(gate_message(reply.status, reply.body) is not None for reply in replies)
+
+
+def _flag(reply: Reply, path: str, name: str) -> bool | None:
+    if reply.status == 404:
+        return None
+    if reply.status != 200:
+        raise _bad_status(path, reply)
+    value = (reply.json() or {}).get(name)
+    return bool(value) if value is not None else None
 
 
 def _bad_status(path: str, reply: Reply) -> UpstreamBadStatus:

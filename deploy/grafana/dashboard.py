@@ -46,6 +46,7 @@ LIFEGUARD_STATES = [
     ("SLEEPING", "purple"),
     ("WAKING", "light-blue"),
     ("UPDATING_WEIGHTS", "orange"),
+    ("SCALING", "dark-orange"),
     ("FAILED", "red"),
 ]
 VLLM_SLEEP_STATES = [("awake", "green"), ("weights_offloaded", "purple"), ("discard_all", "dark-purple")]

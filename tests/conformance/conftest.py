@@ -1,7 +1,9 @@
 """Fixtures for the conformance scenarios.
 
-By default ``engine_url`` is an in-process simulator. Set ``CONFORMANCE_ENGINE_URL`` (and, if the served
-name is not "tiny", ``CONFORMANCE_MODEL``) to run the same scenarios against a real vLLM started with
+By default ``engine_url`` is an in-process simulator, once per vLLM release it can stand in for
+(``--vllm-version`` 0.32 and 0.33): every scenario runs against both, and ``vllm_version`` says which one a
+scenario faces (read from the engine's /version, real or simulated). Set ``CONFORMANCE_ENGINE_URL`` (and, if the
+served name is not "tiny", ``CONFORMANCE_MODEL``) to run the same scenarios against a real vLLM started with
 ``VLLM_SERVER_DEV_MODE=1 --enable-server-load-tracking``; the hold scenarios read ``/load`` to see a
 request has reached the engine. Checks that only the simulator can answer take the ``sim_only`` fixture
 and are skipped then.
@@ -9,6 +11,7 @@ and are skipped then.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +22,7 @@ import pytest
 from conformance.api import VllmApi
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
+from lifeguard_sim.versions import PROFILES
 
 REAL_ENGINE_URL = os.environ.get("CONFORMANCE_ENGINE_URL")
 MODEL = os.environ.get("CONFORMANCE_MODEL", "tiny")
@@ -36,11 +40,18 @@ def sim_only() -> None:
         pytest.skip("simulator-only check (CONFORMANCE_ENGINE_URL points at a real engine)")
 
 
+@pytest.fixture(params=[None] if REAL_ENGINE_URL else sorted(PROFILES))
+def sim_version(request: pytest.FixtureRequest) -> str | None:
+    """The simulator's profile, or None against a real engine."""
+    version: str | None = request.param
+    return version
+
+
 @pytest.fixture
-async def sim_server(aiohttp_server: Any) -> Any:
-    if REAL_ENGINE_URL:
+async def sim_server(aiohttp_server: Any, sim_version: str | None) -> Any:
+    if sim_version is None:
         return None
-    return await aiohttp_server(create_sim_app(SIM_SETTINGS))
+    return await aiohttp_server(create_sim_app(dataclasses.replace(SIM_SETTINGS, vllm_version=sim_version)))
 
 
 @pytest.fixture
@@ -60,6 +71,14 @@ def sim_engine(sim_only: None, sim_server: Any) -> Engine:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
         yield client
+
+
+@pytest.fixture
+async def vllm_version(session: aiohttp.ClientSession, engine_url: str) -> str:
+    """ "0.32" or "0.33": the release the engine under test says it is (its /version), real or simulated."""
+    async with session.get(engine_url + "/version") as resp:
+        version = str((await resp.json())["version"])
+    return ".".join(version.split(".")[:2])
 
 
 @pytest.fixture

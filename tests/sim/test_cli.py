@@ -38,6 +38,8 @@ def test_help_documents_every_fault_kind_op_and_flag(capsys: pytest.CaptureFixtu
         "--kv-gib",
         "--seed",
         "--no-sleep-mode",
+        "--vllm-version",
+        "--data-parallel-rank",
     ):
         assert flag in text
 
@@ -47,6 +49,17 @@ def test_a_bad_fault_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         main(["--fault", "wake_up:melt"])
     assert exit_info.value.code == 2
     assert "wake_up:melt" in capsys.readouterr().err
+
+
+def test_the_version_flag_defaults_to_the_newest_and_refuses_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from lifeguard_sim.cli import settings_from
+
+    assert settings_from(build_parser().parse_args([])).vllm_version == "0.33"
+    assert settings_from(build_parser().parse_args(["--vllm-version", "0.32"])).vllm_version == "0.32"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--vllm-version", "0.31"])
+    assert exit_info.value.code == 2
+    assert "0.31" in capsys.readouterr().err
 
 
 def test_flags_become_settings() -> None:

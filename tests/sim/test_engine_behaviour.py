@@ -34,7 +34,7 @@ async def test_a_client_disconnect_aborts_its_generation(sim: Sim) -> None:
 
 
 async def test_a_held_client_that_leaves_is_dropped_from_the_queue(sim: Sim) -> None:
-    await sim.api.post("/pause")
+    await sim.api.post("/pause", mode="keep")  # a pause that queues new requests on every release
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as other:
         request = asyncio.create_task(
             other.post(sim.api.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})

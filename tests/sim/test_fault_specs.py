@@ -42,6 +42,9 @@ def test_slow_carries_its_seconds() -> None:
         "sleep:slow:-1",
         "pause:lie-memory",
         "generate:lie-asleep",
+        "sleep:lose-lora",
+        "wake_up:retire",
+        "generate:scale-fails",
     ],
 )
 def test_malformed_specs_are_rejected_by_name(text: str) -> None:
@@ -51,7 +54,9 @@ def test_malformed_specs_are_rejected_by_name(text: str) -> None:
 
 @given(
     op=st.sampled_from(OPS),
-    kind=st.sampled_from([k for k in KINDS if k not in ("slow:S", "lie-memory", "lie-asleep")]),
+    kind=st.sampled_from(
+        [k for k in KINDS if k not in ("slow:S", "lie-memory", "lie-asleep", "lose-lora", "retire", "scale-fails")]
+    ),
     suffix=st.one_of(st.just(""), st.integers(1, 99).map(lambda n: f"@{n}"), st.just("@p0.25")),
 )
 def test_every_documented_op_and_kind_parses(op: str, kind: str, suffix: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 from conformance.api import eventually
 
-from sim.conftest import Sim
+from sim.conftest import Sim, SimFactory
 
 
 def _kinds(sim: Sim) -> list[str]:
@@ -42,11 +42,20 @@ async def test_generation_reaching_a_sleeping_engine_is_recorded(sim: Sim) -> No
 
 
 async def test_generation_reaching_a_paused_engine_is_recorded(sim: Sim) -> None:
-    await sim.api.post("/pause")
+    await sim.api.post("/pause", mode="keep")  # queued on every release
     request = asyncio.create_task(sim.api.completion())
     await eventually(lambda: _held(sim))
     await sim.api.post("/resume")
     await request
+    assert _kinds(sim) == ["generate_while_asleep_or_paused"]
+
+
+async def test_a_request_vllm_033_refuses_while_paused_is_still_recorded(make_sim: SimFactory) -> None:
+    """It reached a paused engine (the proxy let it through) even though vLLM 0.33 refused it instead of queuing it."""
+    sim = await make_sim(vllm_version="0.33")
+    await sim.api.post("/pause", mode="abort")
+    answer = await sim.api.completion()
+    assert answer.status == 503
     assert _kinds(sim) == ["generate_while_asleep_or_paused"]
 
 

@@ -15,6 +15,7 @@ from proxy.errors import BadParameter
         ("sleep", [("mode", "drain")], "query.mode"),
         ("pause", [("mode", "bogus")], "query.mode"),
         ("pause", [("clear_cache", "maybe")], "query.clear_cache"),
+        ("sleep", [("reset_connector", "maybe")], "query.reset_connector"),
         ("wake_up", [("tags", "weights,bogus")], "query.tags"),
         ("wake_up", [("tags", "")], "query.tags"),
     ],
@@ -45,6 +46,13 @@ def test_sleep_defaults_match_vllm() -> None:
     call = parse_call("sleep", [], b"")
     assert (call.level, call.mode) == (1, "abort")
     assert call.query == (("level", "1"), ("mode", "abort"))
+
+
+def test_vllm_034s_reset_connector_is_kept_not_dropped() -> None:
+    """vLLM 0.34 added it to /sleep (default true); a trainer's `false` must reach vLLM, older releases ignore it."""
+    call = parse_call("sleep", [("level", "1"), ("reset_connector", "False")], b"")
+    assert call.query == (("level", "1"), ("mode", "abort"), ("reset_connector", "false"))
+    assert call.key != parse_call("sleep", [("level", "1")], b"").key  # not joined with a call that resets
 
 
 def test_the_deprecated_wait_flag_forces_wait_mode() -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.calls import parse_call
+from proxy.elastic_ep import ElasticStatus
 from proxy.metrics import Metrics
 from proxy.observation import Observation
-from proxy.record import EngineRecord
+from proxy.record import EngineRecord, FailureKind
+from proxy.rules import Admission, Refuse, admission, control_refusal, judge, unavailable
 from proxy.states import State
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
@@ -108,3 +114,97 @@ def test_recent_errors_keep_distinct_errors_and_count_a_repeat_instead_of_floodi
     for n in range(20):
         record.error("upstream_error", f"attempt {n}")
     assert len(record.snapshot()["recent_errors"]) == 10  # bounded
+
+
+# ----- a pause the proxy did not make, found through a refused request (proxy/refusals.py)
+
+PAUSED_BY_VLLM = Observation(reachable=True, healthy=True, sleeping=True, paused=True, metric_awake=True)
+
+
+def test_a_pause_found_through_a_refusal_is_adopted_as_drift_with_its_cause() -> None:
+    record = running_record()
+    record.reconcile_with(PAUSED_BY_VLLM, cause="engine_paused")
+    assert record.state is State.PAUSED
+    assert record.user_pause == "abort"  # re-applied after a sleep/wake cycle, like a pause of our own
+    (event,) = record.drift_events
+    assert (event["before"], event["after"], event["cause"]) == ("RUNNING", "PAUSED", "engine_paused")
+    record.reconcile_with(AWAKE)  # a /resume sent to vLLM directly: adopted the same way
+    assert record.state is State.RUNNING and record.user_pause is None
+
+
+def test_a_refusal_with_vllm_not_paused_changes_nothing() -> None:
+    record = running_record()
+    record.reconcile_with(AWAKE, cause="engine_paused")
+    assert record.state is State.RUNNING and not record.drift_events
+
+
+# ----- elastic EP (proxy/elastic_ep.py): read from /is_scaling_elastic_ep, never from /health
+
+
+def gated(**status: Any) -> Observation:
+    return Observation(reachable=True, healthy=True, elastic=ElasticStatus(**status))
+
+
+def test_a_scaling_engine_is_scaling_and_holds_then_comes_back_as_it_was() -> None:
+    record = running_record()
+    record.reconcile_with(gated(scaling=True, phase="committing", epoch=3, requested_size=4))
+    assert record.state is State.SCALING
+    view = record.view()
+    assert view.reason is not None and "scaling elastic EP to 4" in view.reason
+    assert admission(view, on_sleeping="hold", hold_while_restarted=False) is Admission.HOLD
+    refusal = judge(parse_call("sleep", [], b""), view)
+    assert isinstance(refusal, Refuse) and refusal.error.reason == "engine_scaling"
+    record.reconcile_with(AWAKE)
+    assert record.state is State.RUNNING
+    assert record.weights_stale is None  # a scale does not change the weights
+    assert record.snapshot()["elastic_ep"] is None
+
+
+def test_an_unreadable_status_is_held_as_scaling_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    record = running_record()
+    for _ in range(3):
+        record.reconcile_with(gated(problem="the body is not JSON"))
+    assert record.state is State.SCALING
+    assert [r.message for r in caplog.records].count(
+        "vLLM's elastic EP gate is up and its status cannot be read: the body is not JSON; held as scaling"
+    ) == 1
+
+
+def test_a_retired_rank_fails_with_the_reason_and_refuses_everything() -> None:
+    record = running_record()
+    record.reconcile_with(gated(scaling=False, phase="completed", epoch=2))
+    assert record.state is State.FAILED and record.failure_kind is FailureKind.RETIRED
+    view = record.view()
+    assert admission(view, on_sleeping="hold", hold_while_restarted=False) is Admission.REJECT_FAILED
+    error = unavailable(view)
+    assert error.reason == "engine_retired" and "retired" in error.message
+    control = control_refusal(view)
+    assert control is not None and control.reason == "engine_retired"
+
+
+def test_a_retired_rank_that_answers_again_is_a_new_process_with_stale_weights() -> None:
+    record = running_record()
+    record.reconcile_with(gated(scaling=False, phase="completed"))
+    record.reconcile_with(AWAKE)
+    assert record.state is State.RUNNING
+    assert record.weights_stale == "restarted"
+
+
+def test_a_failed_scale_fails_with_vllms_error_and_recovers_without_stale_weights() -> None:
+    record = running_record()
+    record.reconcile_with(gated(scaling=False, phase="failed", epoch=5, error="rank 1 never committed"))
+    assert record.state is State.FAILED and record.failure_kind is FailureKind.ELASTIC_EP
+    assert record.last_error is not None and "rank 1 never committed" in record.last_error["message"]
+    record.reconcile_with(AWAKE)
+    assert record.state is State.RUNNING and record.weights_stale is None
+
+
+def test_a_sleeping_engine_that_scales_comes_back_asleep() -> None:
+    record = running_record()
+    record.fell_asleep(1)
+    record.settle(State.SLEEPING)
+    record.reconcile_with(gated(scaling=True, phase="preparing"))
+    assert record.state is State.SCALING
+    record.reconcile_with(Observation(reachable=True, healthy=True, sleeping=True, paused=True, metric_level=1,
+                                      metric_awake=False))  # fmt: skip
+    assert record.state is State.SLEEPING

@@ -48,8 +48,30 @@ def test_a_failed_engine_must_be_seen_again_before_it_can_settle() -> None:
 
 
 def test_the_settled_states_are_those_a_call_ends_in() -> None:
-    assert SETTLED == {State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.FAILED}
+    # SCALING: no call of ours ends there, but it lasts as long as vLLM's elastic-EP gate is up.
+    assert SETTLED == {
+        State.RUNNING,
+        State.PAUSED,
+        State.SLEEPING,
+        State.UPDATING_WEIGHTS,
+        State.SCALING,
+        State.FAILED,
+    }
     assert State.WAKING not in SETTLED
+
+
+def test_scaling_is_entered_from_any_state_but_failed_and_left_by_settling() -> None:
+    lifecycle, changes = machine()
+    lifecycle.settle_sleeping()
+    lifecycle.settle_scaling()
+    assert lifecycle.state is State.SCALING
+    lifecycle.settle_running()
+    lifecycle.fail()
+    with pytest.raises(MachineError):
+        lifecycle.settle_scaling()  # from FAILED only through engine_back, as for every settle
+    lifecycle.engine_back()
+    lifecycle.settle_scaling()
+    assert lifecycle.state is State.SCALING
 
 
 def test_every_trigger_has_a_typed_method_and_every_method_a_trigger() -> None:

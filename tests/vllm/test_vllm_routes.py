@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,37 @@ def test_every_route_vllm_can_serve_is_classified(vllm_server: Any) -> None:
     assert not _unclassified(routes), (
         f"routes vLLM serves that proxy/routes.py does not classify: {_unclassified(routes)}"
     )
+
+
+# Routes vLLM's app gets from other packages, which an AST scan of vllm/entrypoints cannot see: SageMaker's adapter
+# routes (model_hosting_container_standards) and prometheus-fastapi-instrumentator's GET /metrics (the scan sees
+# vLLM's own /metrics mount).
+_NOT_IN_VLLMS_SOURCE = {("POST", "/adapters"), ("DELETE", "/adapters/{adapter_name}"), ("GET", "/metrics")}
+
+
+def test_the_route_scan_of_the_installed_vllm_finds_every_route_its_app_builds() -> None:
+    """scripts/vllm/route_scan.py (what `make test-vllm-routes` runs on the newest wheel) against vLLM's own app:
+    every route the app serves is found by reading the source, so a route the scan misses is not a blind spot."""
+    python = os.environ["LIFEGUARD_VLLM_PYTHON"]
+    built = subprocess.run(
+        [python, str(REPO / "scripts/vllm/vllm_routes.py")], capture_output=True, text=True, timeout=180, check=True
+    )
+    app_routes = {(r["method"], r["path"]) for r in map(json.loads, built.stdout.splitlines()) if r["method"] != "HEAD"}
+    site = subprocess.run(
+        [python, "-c", "import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.strip()  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, str(REPO / "scripts/vllm/route_scan.py"), site, "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr  # and every scanned route is classified
+    scanned = {(r["method"], r["path"]) for r in map(json.loads, listed.stdout.splitlines())}
+    scanned |= {("GET", path) for method, path in scanned if method == "*"}
+    missed = app_routes - scanned - _NOT_IN_VLLMS_SOURCE
+    assert not missed, f"routes vLLM's app serves that the AST scan did not find: {sorted(missed)}"
 
 
 async def test_every_route_in_the_running_vllms_openapi_is_classified(

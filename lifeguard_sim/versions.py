@@ -1,0 +1,64 @@
+"""What differs between the vLLM releases the simulator can stand in for (`--vllm-version`).
+
+Each difference was read in the released wheels (0.32.0 also measured on vLLM-for-CPU, docs/real-vllm.md); the
+vLLM source files are named where a behaviour lives. The lifecycle routes themselves are the same in both
+(`vllm/entrypoints/serve/dev/sleep/api_router.py` is byte-identical).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    version: str
+    # `EngineCoreProc.pause_generation` (v1/engine/core.py): /pause?mode=abort|wait sets `reject_new_requests`, so
+    # every new request ends at once with RequestError(code="engine_paused", retryable) until resume_scheduler
+    # (a /resume, or a /wake_up that leaves nothing asleep). mode=keep and /sleep (pause_scheduler) still queue.
+    pause_rejects: bool
+    # serve/elastic_ep/middleware.py: /health and /is_scaling_elastic_ep pass the scaling gate (0.32 gated them too).
+    health_passes_elastic_gate: bool
+    # serve/elastic_ep/api_router.py: /is_scaling_elastic_ep also reports phase, epoch, error and the requested size.
+    elastic_status_fields: bool
+    # AsyncLLM._scale_elastic_ep: a scale-down in external-LB mode retires the ranks past the new size; a retired rank
+    # answers /health 200 (check_health returns early) and 503 on everything else until its process is stopped.
+    retires_ranks: bool
+    # openai/decisions/api_router.py
+    decisions_route: bool
+    # serve/exception_handling/error_response.py: what a client is told when the engine core is dead.
+    engine_dead_message: str
+
+
+ENGINE_DEAD_LOG_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+PROFILES: dict[str, Profile] = {
+    "0.32": Profile(
+        version="0.32.0",
+        pause_rejects=False,
+        health_passes_elastic_gate=False,
+        elastic_status_fields=False,
+        retires_ranks=False,
+        decisions_route=False,
+        engine_dead_message=ENGINE_DEAD_LOG_MESSAGE,
+    ),
+    "0.33": Profile(
+        version="0.33.0",
+        pause_rejects=True,
+        health_passes_elastic_gate=True,
+        elastic_status_fields=True,
+        retires_ranks=True,
+        decisions_route=True,
+        # EngineDeadError.CLIENT_MESSAGE (v1/engine/exceptions.py); str(exc) keeps the old text for the logs.
+        engine_dead_message="The server had an error while processing your request.",
+    ),
+}
+NEWEST = "0.33"
+
+
+def profile(version: str) -> Profile:
+    """The profile of `version` ("0.32", "0.33", or a full "0.33.0"); ValueError naming the known ones."""
+    key = ".".join(version.split(".")[:2])
+    if key not in PROFILES:
+        raise ValueError(f"unknown vLLM version {version!r}: the simulator knows {', '.join(PROFILES)}")
+    return PROFILES[key]
