@@ -34,6 +34,7 @@ from .handlers import (
     healthz,
     proxy,
     readyz,
+    serving,
     state,
 )
 from .inflight import InFlightRequests
@@ -81,6 +82,7 @@ def create_app(
     app.router.add_get("/lifeguard/state", state)
     app.router.add_get("/lifeguard/healthz", healthz)
     app.router.add_get("/lifeguard/readyz", readyz)
+    app.router.add_get("/lifeguard/serving", serving)
     app.router.add_get("/lifeguard/metrics", metrics.handler())
     app.router.add_route("*", "/{tail:.*}", proxy)
     return app

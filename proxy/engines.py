@@ -30,12 +30,13 @@ from prometheus_client.registry import Collector
 from .app import create_app
 from .arbiter import Arbiter
 from .config import Settings
-from .errors import EngineNotChosen, ModelNotFound, UnknownEngine
+from .errors import EngineNotChosen, ModelNotFound, NotServing, UnknownEngine
 from .gpu import GpuMemoryReader, make_engine_reader, make_reader
 from .handlers import COORDINATOR, GATE, METRICS, ROUTES, SETTINGS, error_middleware, read_body, serve_target
 from .metrics import SwapMetrics
 from .model_directory import ModelDirectory
 from .routes import RouteKind, build_table
+from .serving import engine_refusal, fleet_answer
 from .states import State
 from .target import Target, below_mount, canonical_target
 from .upstream import VllmClient
@@ -82,6 +83,7 @@ def create_engines_app(settings: Settings, *, gpu: GpuMemoryReader | None = None
     app.router.add_get("/lifeguard/state", _state)
     app.router.add_get("/lifeguard/healthz", _healthz)
     app.router.add_get("/lifeguard/readyz", _readyz)
+    app.router.add_get("/lifeguard/serving", _serving)
     app.router.add_get("/lifeguard/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/v1/models", _models)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
@@ -191,6 +193,16 @@ async def _readyz(request: web.Request) -> web.Response:
         states[name] = current.value if not engine_app[GATE].closed else "closed"
     ready = any(value not in (State.FAILED.value, State.STARTING.value, "closed") for value in states.values())
     return web.json_response({"ready": ready, "engines": states}, status=200 if ready else 503)
+
+
+async def _serving(request: web.Request) -> web.Response:
+    """Serving while any engine serves (proxy/serving.py); each engine's own is at /engines/<name>/lifeguard/serving."""
+    answer = fleet_answer(
+        {name: engine_refusal(a[COORDINATOR], a[GATE], a[SETTINGS]) for name, a in request.app[ENGINE_APPS].items()}
+    )
+    if isinstance(answer, NotServing):
+        raise answer
+    return web.json_response(answer)
 
 
 class _EveryEngine(Collector):

@@ -40,6 +40,7 @@ from .metrics import Metrics
 from .outcome import Outcome
 from .routes import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .rules import control_refusal
+from .serving import SERVING, engine_refusal
 from .states import State
 from .target import Target, below_mount, canonical_target
 from .unknown_routes import UnknownRoutes
@@ -69,6 +70,7 @@ def error_parts(error: LifeguardError) -> tuple[int, dict[str, str], bytes]:
             "code": error.status,
             "reason": error.reason,
             "src": "lifeguard",
+            **error.details,
         }
     }
     headers = {"X-Lifeguard-Reason": error.reason}
@@ -144,6 +146,13 @@ async def readyz(request: web.Request) -> web.Response:
     current = request.app[COORDINATOR].state
     ready = current not in (State.FAILED, State.STARTING) and not request.app[GATE].closed
     return web.json_response({"ready": ready, "state": current.value}, status=200 if ready else 503)
+
+
+async def serving(request: web.Request) -> web.Response:
+    """200 while an inference request sent now would be forwarded at once (proxy/serving.py)."""
+    if (refusal := engine_refusal(request.app[COORDINATOR], request.app[GATE], request.app[SETTINGS])) is not None:
+        raise refusal
+    return web.json_response(SERVING)
 
 
 def _check_admin(request: web.Request, settings: Settings) -> frozenset[str]:
