@@ -122,8 +122,9 @@ async def test_inference_needs_no_admin_token(make_stack: Callable[..., Awaitabl
 
 async def test_the_proxy_s_own_routes_need_no_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(admin_token=TOKEN)
-    for path in ("/lifeguard/state", "/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/metrics"):
+    for path in ("/lifeguard/state", "/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/serving"):
         assert (await stack.client.get(path)).status == 200, path
+    assert (await stack.client.get("/lifeguard/metrics")).status == 200
 
 
 def test_the_token_does_not_show_in_the_settings_repr() -> None:
