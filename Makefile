@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test test-aiohttp-plane lint test-vllm test-deploy test-clients test-image test-observability chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test test-aiohttp-plane lint test-vllm test-deploy test-clients test-image test-observability test-fleet chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,9 @@ test-image: setup  ## podman builds and runs the image; the k8s pod runs around 
 
 test-observability: setup  ## real Prometheus scraping the proxy; every panel and alert has data
 	bash scripts/check-observability.sh
+
+test-fleet: setup  ## vllm-router in front of three lifeguards, one engine sleeping in cycles: /health vs /lifeguard/serving (~1 min)
+	bash scripts/test-fleet.sh
 
 chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to chaos_run.py
 	bash scripts/chaos.sh $(CHAOS_ARGS)
