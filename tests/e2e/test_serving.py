@@ -26,7 +26,8 @@ def cause(body: dict[str, Any]) -> str:
 
 
 async def test_serving_follows_a_sleep_and_a_wake_and_answers_while_a_request_is_held(make_stack: Any) -> None:
-    stack = await make_stack(sim=SimSettings(sleep_seconds=0.5, wake_seconds=0.5, token_seconds=0.002))
+    # Sleep and wake take a second each: long enough to look at the engine while they run.
+    stack = await make_stack(sim=SimSettings(sleep_seconds=1.0, wake_seconds=1.0, token_seconds=0.002))
     status, _, body = await serving(stack.client)
     assert (status, body) == (200, {"serving": True, "state": "RUNNING"})
 
