@@ -113,7 +113,7 @@ def test_a_request_to_the_lifeguard_port_reaches_vllm(pod: Client) -> None:
 def test_the_service_targets_the_sidecar_and_vllm_listens_on_loopback_only(
     pod: Client, rendered: list[dict[str, Any]]
 ) -> None:
-    (service,) = [d for d in rendered if d["kind"] == "Service"]
+    (service,) = [d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == "vllm"]
     (port,) = service["spec"]["ports"]
     sidecar_ports = {p["name"]: p["containerPort"] for p in deployment_container(rendered, "lifeguard")["ports"]}
     vllm_ports = {p["containerPort"] for p in deployment_container(rendered, "vllm")["ports"]}
