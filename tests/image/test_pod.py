@@ -206,8 +206,8 @@ def test_pod_ready_follows_sleep_and_wake_as_the_kubelet_probes_it(pod: Client, 
     assert turns == [True, False, True], kubelet.turns
     report("pod_ready_false_after_sleep_s", round(out_s, 2))
     report("pod_ready_true_after_wake_s", round(back_s, 2))
-    # podman's own view did not move with the engine: it has no readiness (and its healthcheck, podman's
-    # conversion of the liveness probe, runs curl, which the image lacks; see test_the_probes_pass_...).
+    # podman's own view did not move with the engine: it runs no readiness probe, and its healthcheck (its
+    # conversion of the liveness probe: curl, which the image lacks) is never scheduled without systemd.
     assert podman_asleep == podman_before, (podman_before, podman_asleep)
     print(f"podman's view, awake and asleep alike: {podman_before}")
 
