@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,9 @@ test-observability: setup  ## real Prometheus scraping the proxy; every panel an
 
 test-ui: setup  ## the status page in headless Chromium (installs Debian's chromium); screenshots in build/ui/
 	bash scripts/test-ui.sh
+
+test-fleet: setup  ## vllm-router in front of three lifeguards, one engine sleeping in cycles: /health vs /lifeguard/serving (~1 min)
+	bash scripts/test-fleet.sh
 
 chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to chaos_run.py
 	bash scripts/chaos.sh $(CHAOS_ARGS)

@@ -6,6 +6,7 @@ Own routes, at the top level about every engine and under `/engines/<name>/` abo
   swap queue), and with one engine that engine's own fields at the top too, as single-engine clients read them;
 * `GET /lifeguard/healthz`: liveness of the proxy alone (never vLLM: a sleeping engine must not restart it);
 * `GET /lifeguard/readyz`: ready while an engine can serve or hold (at the top level: any engine);
+* `GET /lifeguard/serving`: 200 while an engine serves now (proxy/serving.py; at the top level: any engine);
 * `GET /lifeguard/metrics`: every series of the proxy, with an `engine` label where it is about one;
 * with several engines, `GET /v1/models` lists every engine's models.
 Nothing here knows HTTP framing: each answer is a `wire.Answer`.
@@ -22,11 +23,12 @@ from . import status_page
 from .admin import check_reader, token_bytes
 from .calls import parse_call
 from .engine import Engine
-from .errors import LifeguardError, MethodNotAllowed, NotFound
+from .errors import LifeguardError, MethodNotAllowed, NotFound, NotServing
 from .fleet import Fleet
 from .outcome import Outcome
 from .request_reader import ParsedRequest
 from .routing import Route
+from .serving import SERVING, engine_refusal, fleet_answer
 from .states import State
 from .wire import Answer, json_answer
 
@@ -114,6 +116,22 @@ async def _readyz(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -
     return json_answer(body, 200 if ready else 503)
 
 
+async def _serving(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    """200 while an inference request sent now would be forwarded at once (proxy/serving.py); at the top level,
+    while any engine's would."""
+    engines = [engine] if engine is not None else list(fleet.engines.values())
+    refusals = {one.name: engine_refusal(one.coordinator, one.gate, one.settings) for one in engines}
+    if len(engines) == 1:
+        refusal = refusals[engines[0].name]
+        if refusal is not None:
+            raise refusal
+        return json_answer(SERVING)
+    answer = fleet_answer(refusals)
+    if isinstance(answer, NotServing):
+        raise answer
+    return json_answer(answer)
+
+
 async def _metrics(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
     accept = next((value for name, value in request.headers if name.lower() == b"accept"), b"")
     body, content_type = fleet.metrics.exposition(accept.decode("latin-1"))
@@ -128,5 +146,6 @@ _OWN: dict[str, OwnRoute] = {
     "/lifeguard/state": _state,
     "/lifeguard/healthz": _healthz,
     "/lifeguard/readyz": _readyz,
+    "/lifeguard/serving": _serving,
     "/lifeguard/metrics": _metrics,
 }

@@ -8,6 +8,10 @@ reason, so the set is closed: `REASONS` lists it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
 
 class LifeguardError(Exception):
     """Base of every error the proxy answers itself."""
@@ -18,6 +22,8 @@ class LifeguardError(Exception):
     retry_after: float | None = 1.0
     # The rest of the request may still be on the wire: the connection cannot carry another request.
     close_connection = False
+    # Fields added to the error object beside vLLM's own ("state", "cause" ...); empty for most errors.
+    details: Mapping[str, Any] = MappingProxyType({})
 
     def __init__(
         self,
@@ -243,6 +249,17 @@ class EngineRetired(LifeguardError):
 class EngineSleeping(LifeguardError):
     reason = "engine_sleeping"
     retry_after = 5.0
+
+
+class NotServing(LifeguardError):
+    """`/lifeguard/serving`: an inference request sent now would not be forwarded at once (held or refused)."""
+
+    reason = "not_serving"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        """`details`: one engine's `state` and `cause` (rules.serving_refusal), or every engine's (`engines`)."""
+        super().__init__(message)
+        self.details = MappingProxyType(details)
 
 
 class UpstreamError(LifeguardError):

@@ -2,8 +2,10 @@
 
 `judge` says, before anything is sent, whether a call is a no-op (answered by us; vLLM's own repeats
 are not harmless: a repeated `/sleep` aborts requests queued during sleep), refused (409/503), merely
-recorded, or must run. `admission` says what the gate does with inference in a given snapshot.
-Nothing here does I/O; the hypothesis model test drives these directly.
+recorded, or must run. `admission` says what the gate does with inference in a given snapshot, and
+`serving_refusal` says, from `admission` itself, why a request sent now would not be forwarded at once
+(`/lifeguard/serving`, the readiness routers follow). Nothing here does I/O; the hypothesis model test
+drives these directly.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .errors import (
     EngineUnavailable,
     LifeguardError,
     NotPaused,
+    NotServing,
     NoWeightUpdateSession,
     WeightsAsleep,
     WeightUpdateActive,
@@ -313,3 +316,64 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.SLEEPING and on_sleeping == "reject":
         return Admission.REJECT_SLEEPING
     return Admission.HOLD
+
+
+#: Why an engine is not serving (`NotServing.cause`, in `/lifeguard/serving`'s 503 body).
+NOT_SERVING_CAUSES = (
+    "shutting_down",
+    "failed",
+    "starting",
+    "asleep",
+    "falling_asleep",
+    "waking",
+    "paused",
+    "updating_weights",
+    "weights_discarded",
+    "weights_stale",
+    "swapping_out",
+    "scaling",
+)
+
+_NOT_SERVING_IN: dict[State, tuple[str, str]] = {
+    State.FAILED: ("failed", "the engine has failed; inference is refused (503 engine_unavailable) until it is back"),
+    State.STARTING: ("starting", "the engine has not been seen ready yet; inference is held"),
+    State.FALLING_ASLEEP: ("falling_asleep", "the engine is going to sleep; inference is held until a wake"),
+    State.WAKING: ("waking", "the engine is waking; inference is held until the wake is verified"),
+    State.PAUSING: ("paused", "the engine is pausing; inference is held until /resume"),
+    State.PAUSED: ("paused", "the engine is paused; inference is held until /resume"),
+    State.RESUMING: ("paused", "the engine is resuming; inference is held until the resume is verified"),
+    State.UPDATING_WEIGHTS: ("updating_weights", "a weight update is in progress; inference is held until it ends"),
+    State.SCALING: ("scaling", "vLLM's elastic EP is scaling; inference is held until it ends"),
+}
+
+
+def serving_refusal(
+    view: EngineView, *, on_sleeping: str, hold_while_restarted: bool, closed: bool
+) -> NotServing | None:
+    """Why an inference request sent now would not be forwarded at once, if it would not (`closed`: the gate
+    is shutting down). The yes/no is `admission`'s own, so a router that follows this sends nothing the gate
+    would hold or refuse; the rest only names the cause. A wake's release of held requests (a few loop turns,
+    `gate.RELEASE_BATCH` at a time) is not "held": newcomers wait behind it, but the engine is serving."""
+    state = view.state
+    if closed:
+        return NotServing("the proxy is shutting down; inference is refused", state=state.value, cause="shutting_down")
+    if admission(view, on_sleeping=on_sleeping, hold_while_restarted=hold_while_restarted) is Admission.FORWARD:
+        return None
+    if state is State.SLEEPING:
+        level = "its KV cache released" if view.sleep_level is None else f"level {view.sleep_level}"
+        then = {
+            "reject": "inference is refused (503 engine_sleeping)",
+            "wake": "a request sent to it is held and wakes it",
+        }.get(on_sleeping, "inference is held until a wake")
+        return NotServing(f"the engine is asleep ({level}); {then}", state=state.value, cause="asleep")
+    if state is State.RUNNING:  # awake, with weights that may not serve, or making room for another engine
+        if view.swapping_out_for is not None:
+            why = f"finishing what it serves, to be put to sleep for {view.swapping_out_for}'s turn; inference is held"
+            return NotServing(why, state=state.value, cause="swapping_out")
+        if view.weights_stale is Staleness.DISCARDED:
+            why = "a level-2 sleep discarded the weights; inference is held until they are loaded again"
+            return NotServing(why, state=state.value, cause="weights_discarded")
+        why = "vLLM restarted and holds its initial checkpoint; inference is held until a weight update or reload"
+        return NotServing(why, state=state.value, cause="weights_stale")
+    cause, why = _NOT_SERVING_IN[state]
+    return NotServing(why, state=state.value, cause=cause)

@@ -79,6 +79,7 @@ def error_fields(error: LifeguardError) -> dict[str, object]:
         "code": error.status,
         "reason": error.reason,
         "src": "lifeguard",
+        **error.details,
     }
 
 

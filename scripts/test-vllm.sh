@@ -7,6 +7,7 @@
 #      modules, from the cached site scripts/clients-site.sh installs (it skips if that install fails);
 #      test_vllm_skyrl_0_4.py (SkyRL 0.4.0, Python >= 3.12) then runs in the .venv-skyrl04 of make
 #      test-clients, with a vLLM of its own;
+#      test_vllm_fleet.py puts vllm-router (scripts/install-router.sh) in front of it and two simulators;
 #   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
 #
 # A test that fails is run once more (pytest-rerunfailures, `-rR` lists it as a rerun): a real vLLM whose API
@@ -35,6 +36,15 @@ else
   log "installing the trainers' client packages failed: tests/vllm/test_vllm_clients.py will skip"
   unset LIFEGUARD_CLIENTS_SITE
 fi
+# vllm-router for tests/vllm/test_vllm_fleet.py (it skips without it).
+if LIFEGUARD_ROUTER_BIN=$(bash scripts/install-router.sh); then
+  export LIFEGUARD_ROUTER_BIN
+else
+  log "installing vllm-router failed: tests/vllm/test_vllm_fleet.py will skip"
+  unset LIFEGUARD_ROUTER_BIN
+fi
+export LIFEGUARD_FLEET_REPORT=$LIFEGUARD_VLLM_LOG_DIR/fleet-report.jsonl
+: >"$LIFEGUARD_FLEET_REPORT"
 t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"
@@ -97,6 +107,7 @@ else
   log "tests/conformance has no tests yet: skipped"
 fi
 
+[[ -s $LIFEGUARD_FLEET_REPORT ]] && "$BIN/python" tests/fleet/fleet.py "$LIFEGUARD_FLEET_REPORT" >&2
 log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), SkyRL 0.4.0 ${t_skyrl04}s (rc=$rc_skyrl04)," \
   "conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
 grep -h "^==== healthy after" "$LIFEGUARD_VLLM_LOG_DIR"/vllm*.log 2>/dev/null | sed 's/^==== /[test-vllm] vLLM /' >&2

@@ -28,7 +28,9 @@ COMPONENT_ADDS = {
     "podmonitor": ("PodMonitor", "vllm-lifeguard"),
     "servicemonitor": ("ServiceMonitor", "vllm-lifeguard"),
     "grafana-dashboard": ("ConfigMap", "vllm-lifeguard-dashboard"),
+    "ready-when-serving": ("Service", "vllm-pods"),
 }
+READY_WHEN_SERVING = K8S / "components" / "ready-when-serving"
 
 
 def _ids(components: tuple[Path, ...]) -> str:
@@ -93,7 +95,12 @@ def _vllm_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_there_are_a_single_gpu_a_tensor_parallel_and_a_shared_gpu_overlay() -> None:
     assert {overlay.name for overlay in OVERLAYS} == {"single-gpu", "tensor-parallel", "shared-gpu"}
-    assert {component.name for component in COMPONENTS} == {"podmonitor", "servicemonitor", "grafana-dashboard"}
+    assert {component.name for component in COMPONENTS} == {
+        "podmonitor",
+        "servicemonitor",
+        "grafana-dashboard",
+        "ready-when-serving",
+    }
 
 
 def test_the_grafana_component_points_at_the_shared_dashboard_file() -> None:
@@ -247,18 +254,40 @@ def rendered_pod_labels(rendered: list[dict[str, Any]]) -> dict[str, str]:
     return find(rendered, "Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
 
 
-def test_probes_liveness_is_the_proxy_alone_readiness_is_accepting(rendered: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+@pytest.mark.parametrize("when_serving", [False, True], ids=["accepting", "ready-when-serving"])
+def test_probes_liveness_is_the_proxy_alone_readiness_accepting_or_serving(overlay: Path, when_serving: bool) -> None:
+    """Readiness is "accepting" (serve or hold), or with components/ready-when-serving "serving now"."""
+    rendered = _render(overlay, *([READY_WHEN_SERVING] if when_serving else []))
     lifeguard = _container(_pod(rendered), "lifeguard")
     port = _port(lifeguard, "lifeguard")
     for probe, path in [
         ("startupProbe", "/lifeguard/healthz"),
         ("livenessProbe", "/lifeguard/healthz"),
-        ("readinessProbe", "/lifeguard/readyz"),
+        ("readinessProbe", "/lifeguard/serving" if when_serving else "/lifeguard/readyz"),
     ]:
         http = lifeguard[probe]["httpGet"]
         assert http["path"] == path, probe
         assert http["port"] in (port, "lifeguard"), probe
         assert "host" not in http, "kubelet probes go to the pod IP; a host would point elsewhere"
+    readiness = lifeguard["readinessProbe"]
+    if when_serving:  # out at the first 503 and back at the first 200, probed every second
+        assert (readiness["periodSeconds"], readiness["failureThreshold"], readiness["successThreshold"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_ready_when_serving_keeps_every_pod_reachable_for_the_trainer(overlay: Path) -> None:
+    """The Service lists ready pods only; the headless `vllm-pods` lists every pod (not ready ones too) on the
+    sidecar's port, so a trainer can still wake a pod that left the Service."""
+    rendered = _render(overlay, READY_WHEN_SERVING)
+    service, pods = find(rendered, "Service", "vllm"), find(rendered, "Service", "vllm-pods")
+    assert "publishNotReadyAddresses" not in service["spec"]
+    assert pods["spec"]["clusterIP"] == "None" and pods["spec"]["publishNotReadyAddresses"] is True
+    assert pods["spec"]["selector"] == service["spec"]["selector"]
+    assert pods["spec"]["selector"].items() <= rendered_pod_labels(rendered).items()
+    lifeguard = _container(_pod(rendered), "lifeguard")
+    (port,) = pods["spec"]["ports"]
+    assert port["targetPort"] == "lifeguard" and port["port"] == _port(lifeguard, "lifeguard")
 
 
 def test_vllm_probes_run_inside_its_container_because_it_binds_loopback(rendered: list[dict[str, Any]]) -> None:

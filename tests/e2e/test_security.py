@@ -122,7 +122,7 @@ async def test_inference_needs_no_admin_token(make_stack: Callable[..., Awaitabl
 async def test_probes_and_metrics_need_no_token(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     """Kubelet probes and Prometheus carry no token; the state (hosts, errors) and the status page do need it."""
     stack = await make_stack(admin_token=TOKEN)
-    for path in ("/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/metrics"):
+    for path in ("/lifeguard/healthz", "/lifeguard/readyz", "/lifeguard/serving", "/lifeguard/metrics"):
         assert (await stack.client.get(path)).status == 200, path
     for path in ("/lifeguard/state", "/lifeguard/ui"):
         refused = await stack.client.get(path)

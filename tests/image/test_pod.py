@@ -6,10 +6,12 @@ podman_kube.py lists what podman needs changed first (the native sidecar among t
 
 from __future__ import annotations
 
+import http.client
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,7 +113,7 @@ def test_a_request_to_the_lifeguard_port_reaches_vllm(pod: Client) -> None:
 def test_the_service_targets_the_sidecar_and_vllm_listens_on_loopback_only(
     pod: Client, rendered: list[dict[str, Any]]
 ) -> None:
-    (service,) = [d for d in rendered if d["kind"] == "Service"]
+    (service,) = [d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == "vllm"]
     (port,) = service["spec"]["ports"]
     sidecar_ports = {p["name"]: p["containerPort"] for p in deployment_container(rendered, "lifeguard")["ports"]}
     vllm_ports = {p["containerPort"] for p in deployment_container(rendered, "vllm")["ports"]}
@@ -133,6 +135,92 @@ def test_a_sleep_wake_cycle_through_the_pod(pod: Client) -> None:
     assert held.result(120).status == 200
     assert pod.get("/is_sleeping").body == {"is_sleeping": False}
     assert pod.state()["state"] == "RUNNING"
+
+
+class ReadinessProber:
+    """The kubelet's readiness prober for one container, run from the pod's network: the probe's httpGet every
+    `periodSeconds` (answered within `timeoutSeconds`, a status in 200-399), `failureThreshold` failures in a
+    row to turn the container (and with it the Pod Ready condition) false, `successThreshold` successes to
+    turn it true again. Every turn is recorded with its time."""
+
+    def __init__(self, client: Client, probe: dict[str, Any]) -> None:
+        self._client = client
+        self._path = probe["httpGet"]["path"]
+        self._period = float(probe.get("periodSeconds", 10))
+        self._timeout = float(probe.get("timeoutSeconds", 1))
+        self._thresholds = {False: int(probe.get("failureThreshold", 3)), True: int(probe.get("successThreshold", 1))}
+        self.ready: bool | None = None
+        self.turns: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ReadinessProber:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self._period + self._timeout + 5)
+
+    def _passes(self) -> bool:
+        try:
+            return 200 <= self._client.get(self._path, timeout=self._timeout).status < 400
+        except (OSError, http.client.HTTPException):  # TimeoutError is an OSError
+            return False
+
+    def _run(self) -> None:
+        streak: tuple[bool, int] = (True, 0)
+        while not self._stop.is_set():
+            result = self._passes()
+            streak = (result, streak[1] + 1 if streak[0] == result else 1)
+            if self.ready is not result and streak[1] >= self._thresholds[result]:
+                self.ready = result
+                self.turns.append((time.monotonic(), result))
+            self._stop.wait(self._period)
+
+    def wait(self, ready: bool, timeout: float) -> float:
+        """Seconds until the condition is `ready`."""
+        started = time.monotonic()
+        wait_for(f"Pod Ready {ready}", lambda: self.ready is ready, timeout, interval=0.05)
+        return time.monotonic() - started
+
+
+def test_pod_ready_follows_sleep_and_wake_as_the_kubelet_probes_it(pod: Client, rendered: list[dict[str, Any]]) -> None:
+    """components/ready-when-serving: the sidecar's readinessProbe on /lifeguard/serving, run as the kubelet
+    runs it, turns the pod's Ready condition false within one period of a /sleep of the real vLLM in the pod
+    and true again within one period of the verified wake. What podman itself reports is recorded beside it:
+    podman 4.3 runs no readiness probe, so none of this shows in `podman pod inspect` or `podman ps`."""
+    probe = deployment_container(rendered, "lifeguard")["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/lifeguard/serving"
+    podman_before = podman_readiness()
+    with ReadinessProber(pod, probe) as kubelet:
+        kubelet.wait(True, timeout=10)
+        assert pod.post("/sleep?level=1", timeout=120).status == 200
+        out_s = kubelet.wait(False, timeout=5 * probe["periodSeconds"])
+        podman_asleep = podman_readiness()
+        refused = pod.get("/lifeguard/serving", timeout=2)
+        assert refused.status == 503 and refused.body["error"]["cause"] == "asleep", refused
+        assert pod.post("/wake_up", timeout=120).status == 200
+        back_s = kubelet.wait(True, timeout=5 * probe["periodSeconds"])
+        turns = [ready for _, ready in kubelet.turns]
+    assert turns == [True, False, True], kubelet.turns
+    report("pod_ready_false_after_sleep_s", round(out_s, 2))
+    report("pod_ready_true_after_wake_s", round(back_s, 2))
+    # podman's own view did not move with the engine: it runs no readiness probe, and its healthcheck (its
+    # conversion of the liveness probe: curl, which the image lacks) is never scheduled without systemd.
+    assert podman_asleep == podman_before, (podman_before, podman_asleep)
+    print(f"podman's view, awake and asleep alike: {podman_before}")
+
+
+def podman_readiness() -> dict[str, str]:
+    """Everything podman 4.3 says that could stand for readiness: the pod's and the sidecar's status, and the
+    sidecar's health (its healthcheck)."""
+    return {
+        "pod": podman("pod", "inspect", POD, "--format", "{{.State}}").stdout.strip(),
+        "sidecar": inspect(SIDECAR, "{{.State.Status}}"),
+        "sidecar_health": inspect(SIDECAR, "{{.State.Health.Status}}"),
+        "ps": podman("ps", "--filter", f"name={SIDECAR}", "--format", "{{.Status}}").stdout.strip(),
+    }
 
 
 def test_the_gpu_reporter_file_path(pod: Client) -> None:

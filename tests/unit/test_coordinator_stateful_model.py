@@ -10,6 +10,7 @@ independent model of the rules table in issue 2:
   asleep), or forwarded (the engine saw the call exactly once, even for two identical calls at once);
 * a 200 that was forwarded is true of the engine (asleep after /sleep, awake after /wake_up, ...);
 * nothing is in flight or held between steps, the state is settled, and the gate admits as the table says;
+* `/lifeguard/serving` says "serving" exactly when the gate forwards a request at once, every tag awake;
 * while the engine is healthy and the proxy not FAILED, the proxy's state is the engine's true state.
 """
 
@@ -41,6 +42,7 @@ from proxy.outcome import Outcome
 from proxy.probes import Verifier
 from proxy.routes import LIFECYCLE_PATHS
 from proxy.rules import Admission
+from proxy.serving import engine_refusal
 from proxy.states import SETTLED, TRANSITIONS, State
 from proxy.upstream import Reply, VllmClient
 
@@ -208,6 +210,7 @@ class CoordinatorModel(RuleBasedStateMachine):
                           operations=sorted(set(LIFECYCLE_PATHS.values())), edges=_edges())  # fmt: skip
         gate = RequestGate(max_held=10, hold_timeout_s=5)
         verifier = Verifier(client, EngineMemory(engine), settings)
+        self.settings = settings
         return engine, LifecycleCoordinator(settings, client, verifier, gate, metrics.engine("default")), gate
 
     def run(self, coro: Any) -> Any:
@@ -343,6 +346,20 @@ class CoordinatorModel(RuleBasedStateMachine):
         else:
             expected = Admission.HOLD
         assert self.gate.admission is expected, f"{r.state} stale={r.weights_stale}: gate {self.gate.admission}"
+
+    @invariant()
+    def serving_is_what_the_gate_forwards_at_once(self) -> None:
+        """`/lifeguard/serving` after every step: 200 exactly when a request now is forwarded at once, and only
+        with every tag awake (a router that follows it never sends inference to a sleeping engine)."""
+        refusal = engine_refusal(self.coordinator, self.gate, self.settings)
+        ticket = self.gate.try_admit()
+        if ticket is not None:
+            ticket.done()
+        assert (refusal is None) == (ticket is not None), f"serving {refusal is None}, gate {self.gate.admission}"
+        if refusal is None:
+            assert not self.coordinator.record.asleep_tags, self.coordinator.record.snapshot()
+        else:
+            assert refusal.details["state"] == self.coordinator.state.value
 
     @invariant()
     def the_proxy_believes_the_truth(self) -> None:
