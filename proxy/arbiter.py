@@ -310,7 +310,7 @@ class Arbiter:
         now = time.monotonic()
         node = self._locks.node
         return {
-            **({"gpu_lock": node.snapshot(g for e in engines for g in e.config.gpus)} if node is not None else {}),
+            **({"gpu_lock": await node.snapshot(g for e in engines for g in e.config.gpus)} if node else {}),
             "gpus": gpus,
             "gpu_reading": None if reading.available else reading.unavailable,
             "footprint_bytes": {name: engine.footprint.bytes for name, engine in self._engines.items()},

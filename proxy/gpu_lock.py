@@ -238,11 +238,14 @@ class NodeLocks:
                 f"cannot open the node's lock file of GPU {uuid} in {self.directory}: {exc.strerror or exc}"
             ) from None
 
-    def snapshot(self, gpus: Iterable[int]) -> dict[str, Any]:
+    async def snapshot(self, gpus: Iterable[int]) -> dict[str, Any]:
         """`gpu_lock` of /lifeguard/state: per GPU index its UUID and who holds its node lock, if anyone."""
+        indices = tuple(sorted(set(gpus)))
+        with contextlib.suppress(GpuLockUnavailable):  # not known yet: shown as such
+            await self.uuids.of(indices)
         now = time.time()
         shown: dict[str, Any] = {}
-        for index in sorted(set(gpus)):
+        for index in indices:
             uuid = self.uuids.known.get(index)
             if uuid is None:
                 shown[str(index)] = {"uuid": None, "held": None, "holder": None, "held_here": False}
