@@ -101,11 +101,25 @@ def drop_resource_claims(documents: list[dict[str, Any]], spec: dict[str, Any]) 
     return changes
 
 
+def keep_init_containers(deployment: dict[str, Any]) -> list[str]:
+    """podman 4.3 removes an init container of type `once` (its default) when it exits, and can race with that
+    exit: "failed to remove once init container ...: cannot remove container ... as it is running" (measured
+    with the shared-gpu-pods overlay's `gpu-lock-dir`). Type `always` keeps it, and it still runs to the end
+    before the others start."""
+    if not deployment["spec"]["template"]["spec"].get("initContainers"):
+        return []
+    # podman 4.3 reads it from the Deployment's own annotations, not its pod template's.
+    deployment["metadata"].setdefault("annotations", {})["io.podman.annotations.init.container.type"] = "always"
+    return [f"{deployment['metadata']['name']}: init containers of type always"]
+
+
 def for_podman(documents: list[dict[str, Any]], keep_sidecar: bool = False) -> list[str]:
     changes = []
-    for spec in pod_specs(documents):
+    for deployment in [d for d in documents if d["kind"] == "Deployment"]:
+        spec = deployment["spec"]["template"]["spec"]
         changes += [] if keep_sidecar else sidecar_as_container(spec)
         changes += expand_dependent_env(spec) + drop_container_ports(spec) + drop_resource_claims(documents, spec)
+        changes += keep_init_containers(deployment)
     return changes
 
 

@@ -77,7 +77,9 @@ def asleep_everywhere(pods: dict[str, Client]) -> None:
         assert client.get("/is_sleeping").body == {"is_sleeping": True}
 
 
-def test_the_lock_directory_was_made_writable_before_the_sidecars_started(pods: dict[str, Client], lock_dir: Path) -> None:
+def test_the_lock_directory_was_made_writable_before_the_sidecars_started(
+    pods: dict[str, Client], lock_dir: Path
+) -> None:
     """The kubelet (here podman) creates the hostPath as root; the init container made it sticky and
     world-writable, so each sidecar (UID 10001) could check it at start and lock files in it."""
     assert lock_dir.stat().st_mode & 0o7777 == 0o1777
@@ -130,8 +132,10 @@ def test_a_wake_in_one_pod_holds_the_gpu_against_the_other_pod(pods: dict[str, C
     report("pods_wake_waited_for_other_pod_s", round(time.monotonic() - t0, 2))
     logs = podman("logs", f"{pod_name('judge')}-lifeguard", check=False)
     assert "gpu_lock_waited" in logs.stdout + logs.stderr and pod_name("policy") in logs.stdout + logs.stderr
-    metrics = pods["judge"].get("/lifeguard/metrics").body
-    assert 'lifeguard_gpu_lock_waits_total{engine="judge",outcome="waited"} 1.0' in metrics
+    series = 'lifeguard_gpu_lock_waits_total{engine="judge",outcome="waited"} '
+    (waits,) = [float(line.removeprefix(series)) for line in pods["judge"].get("/lifeguard/metrics").body.splitlines()
+                if line.startswith(series)]  # fmt: skip
+    assert waits >= 1
 
 
 def test_only_the_kernel_holds_the_lock_no_file_to_clean_up(pods: dict[str, Client], lock_dir: Path) -> None:
