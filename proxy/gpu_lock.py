@@ -186,16 +186,18 @@ class NodeLocks:
         uuids = sorted(set((await self.uuids.of(gpus)).values()))
         holder = Holder(self.host, os.getpid(), engine, op, time.time())
         taken: list[LockFile] = []
-        waited_for: dict[str, Holder | None] = {}
+        waited_for: dict[str, list[Holder | None]] = {}  # per GPU, each holder seen in turn while waiting
         try:
             for uuid in uuids:
                 lock = self._open(uuid)
                 taken.append(lock)
                 while not lock.try_take(holder):
-                    if uuid not in waited_for:
-                        waited_for[uuid] = lock.holder()
+                    seen = waited_for.setdefault(uuid, [])
+                    other = lock.holder()
+                    if not seen or (other is not None and other != seen[-1]):
+                        seen.append(other)
                     if loop.time() >= deadline:
-                        other = lock.holder() or waited_for[uuid]
+                        other = other or seen[-1]
                         raise LifecycleBusy(
                             f"GPU {uuid} stayed locked by another lifeguard on this node for "
                             f"{loop.time() - started:.1f} s (lifecycle_queue_timeout_s): "
@@ -208,7 +210,8 @@ class NodeLocks:
             raise
         if waited_for:
             names = "; ".join(
-                f"{uuid} by {h.describe() if h else 'another lifeguard'}" for uuid, h in waited_for.items()
+                f"{uuid} by " + ", then ".join(h.describe() if h else "another lifeguard" for h in holders)
+                for uuid, holders in waited_for.items()
             )
             log.info(
                 "%s of %s waited %.2f s for the node's GPU lock, held by another lifeguard: %s",
@@ -220,7 +223,7 @@ class NodeLocks:
                     "event": "gpu_lock_waited",
                     "engine": engine,
                     "operation": op,
-                    "holders": [h.host for h in waited_for.values() if h],
+                    "holders": [h.host for holders in waited_for.values() for h in holders if h],
                 },
             )
         return taken, bool(waited_for)
