@@ -64,8 +64,8 @@ class Lifeguard:
         settings = self.settings
         devices = self._gpu or make_reader(settings.gpu_probe, settings.gpu_devices)
         # Several pods on the node share GPUs (gpu_lock_dir): checked first, so a bad setting stops the start.
-        node = await open_node_locks(settings.gpu_lock_dir, devices, settings.gpu_probe, settings.gpu_devices,
-                                     [gpu for engine in self.engine_settings for gpu in engine.gpus])  # fmt: skip
+        gpus = [gpu for engine in self.engine_settings for gpu in engine.gpus]
+        node = await open_node_locks(settings.gpu_lock_dir, devices, settings.gpu_probe, settings.gpu_devices, gpus)
         names = [engine.name for engine in self.engine_settings]
         metrics = Metrics(
             self.registry,
@@ -96,18 +96,11 @@ class Lifeguard:
             )
             for config in self.engine_settings
         }
+        locks = GpuLocks(settings.lifecycle_queue_timeout_s, node, on_wait=metrics.gpu_lock_waited)
         self.fleet = Fleet(
             settings=settings,
             engines=engines,
-            arbiter=Arbiter(
-                settings,
-                engines,
-                devices,
-                metrics,
-                GpuLocks(settings.lifecycle_queue_timeout_s, node, on_wait=metrics.gpu_lock_waited),
-            )
-            if shared
-            else None,  # fmt: skip
+            arbiter=Arbiter(settings, engines, devices, metrics, locks) if shared else None,
             directory=ModelDirectory(engines),
             router=Router(engines, build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)),
             metrics=metrics,
