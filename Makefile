@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,9 @@ chaos: setup  ## the full chaos run (CI runs a bounded one); CHAOS_ARGS go to ch
 
 chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (110 s): never more awake than fits
 	bash scripts/chaos.sh --engines 2 --quick $(CHAOS_ARGS)
+
+chaos-pods: setup  ## the bounded chaos run of 3 pods (a proxy each) on one GPU, one gpu_lock_dir, proxy restarts (110 s)
+	bash scripts/chaos.sh --pods 3 --quick $(CHAOS_ARGS)
 
 bench: setup  ## the performance table against nginx, Envoy, vllm-router, and its charts (docs/performance.md)
 	bash scripts/bench.sh

@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         "a wake that does not fit fails with CUDA out of memory",
     )
     add(
+        "--gpu-uuid",
+        action="append",
+        default=[],
+        metavar="UUID",
+        help="with --gpu-file-engine: a device it occupies, by UUID (repeatable: an equal share on each; "
+        "default GPU-sim-0); the file lists every device any engine names, in UUID order",
+    )
+    add(
         "--memory",
         type=MemoryKind,
         default=defaults.memory,
@@ -177,6 +185,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         faults=tuple(args.fault),
         gpu_file=args.gpu_file,
         gpu_file_engine=args.gpu_file_engine,
+        gpu_uuids=tuple(args.gpu_uuid) or SimSettings.gpu_uuids,
         memory=args.memory,
         weights_gib=args.weights_gib,
         kv_gib=args.kv_gib,

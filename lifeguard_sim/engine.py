@@ -81,7 +81,9 @@ class Engine:
         self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
         self._shared = None
         if self._gpu_file is not None and settings.gpu_file_engine:
-            self._shared = SharedGpuFile(self._gpu_file, settings.gpu_file_engine, self.memory.total_bytes)
+            self._shared = SharedGpuFile(
+                self._gpu_file, settings.gpu_file_engine, self.memory.total_bytes, tuple(settings.gpu_uuids)
+            )
         self._written: dict[str, object] | None = None
         self.death_reason: str | None = None
         self._epoch = 0

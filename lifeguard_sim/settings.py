@@ -24,6 +24,8 @@ class SimSettings:
     gpu_file: Path | str | None = None
     # Share the GPU file (and the device's total) with other simulators, this one's use under this name.
     gpu_file_engine: str | None = None
+    # The devices it occupies on the shared GPU file, by UUID (tensor parallel: several, an equal share on each).
+    gpu_uuids: Sequence[str] = ("GPU-sim-0",)
     # A wake that runs out of the shared device's memory wedges every later wake (only a restart clears it).
     oom_wedges: bool = False
     # simulated: the books only; cuda: real allocations on cuda:0 that NVML sees (scripts/gpu-check.sh).

@@ -2,8 +2,9 @@
 
 Own routes, at the top level about every engine and under `/engines/<name>/` about that one:
 * `GET /lifeguard/state`: the engine's state (`LifecycleCoordinator.snapshot` and its configuration); at the
-  top level `{"engines": {name: ...}}` plus, with several engines, the arbiter's view (GPUs, footprints, the
-  swap queue), and with one engine that engine's own fields at the top too, as single-engine clients read them;
+  top level `{"engines": {name: ...}}` plus, with several engines or `gpu_lock_dir`, the arbiter's view (GPUs,
+  footprints, the swap queue, the node's locks), and with one engine that engine's own fields at the top too,
+  as single-engine clients read them;
 * `GET /lifeguard/healthz`: liveness of the proxy alone (never vLLM: a sleeping engine must not restart it);
 * `GET /lifeguard/readyz`: ready while an engine can serve or hold (at the top level: any engine);
 * `GET /lifeguard/serving`: 200 while an engine serves now (proxy/serving.py; at the top level: any engine);

@@ -22,6 +22,7 @@ from .engine import Engine
 from .fleet import Fleet
 from .front import Front
 from .gpu import GpuMemoryReader, make_engine_reader, make_reader
+from .gpu_lock import GpuLocks, open_node_locks
 from .metrics import Metrics
 from .model_directory import ModelDirectory
 from .routes import LIFECYCLE_PATHS, build_table
@@ -61,6 +62,10 @@ class Lifeguard:
     async def start(self, host: str, port: int, *, backlog: int = 4096, sock: socket.socket | None = None) -> None:
         """Build and start the engines, then listen on `host:port` (or on `sock`)."""
         settings = self.settings
+        devices = self._gpu or make_reader(settings.gpu_probe, settings.gpu_devices)
+        # Several pods on the node share GPUs (gpu_lock_dir): checked first, so a bad setting stops the start.
+        gpus = [gpu for engine in self.engine_settings for gpu in engine.gpus]
+        node = await open_node_locks(settings.gpu_lock_dir, devices, settings.gpu_probe, settings.gpu_devices, gpus)
         names = [engine.name for engine in self.engine_settings]
         metrics = Metrics(
             self.registry,
@@ -78,8 +83,8 @@ class Lifeguard:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
             auto_decompress=False,
         )
-        devices = self._gpu or make_reader(settings.gpu_probe, settings.gpu_devices)
-        several = len(self.engine_settings) > 1
+        # Beside other engines (here, or other pods' on the node) its GPUs are shared.
+        shared = len(self.engine_settings) > 1 or node is not None
         engines = {
             config.name: Engine(
                 settings.for_engine(config),
@@ -87,16 +92,17 @@ class Lifeguard:
                 metrics=metrics.engine(config.name),
                 # Alone, an engine's memory is the devices'; beside others, only its own share can say.
                 gpu=make_engine_reader(settings.gpu_probe, config.name, config.upstream, settings.gpu_devices)
-                if several
+                if shared
                 else devices,
                 session=self._session,
             )
             for config in self.engine_settings
         }
+        locks = GpuLocks(settings.lifecycle_queue_timeout_s, node, on_wait=metrics.gpu_lock_waited)
         self.fleet = Fleet(
             settings=settings,
             engines=engines,
-            arbiter=Arbiter(settings, engines, devices, metrics) if several else None,
+            arbiter=Arbiter(settings, engines, devices, metrics, locks) if shared else None,
             directory=ModelDirectory(engines),
             router=Router(engines, build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)),
             metrics=metrics,

@@ -1,17 +1,21 @@
-"""`Arbiter`: several engines on shared GPUs. It stands before each engine's coordinator (the coordinator's
-`guard`), so a trainer's call to one engine's base URL and a wake on request go through it alike.
+"""`Arbiter`: engines on shared GPUs: several in this proxy, or (with `gpu_lock_dir`) one or more beside other
+pods' engines on the node. It stands before each engine's coordinator (the coordinator's `guard`), so a
+trainer's call to one engine's base URL and a wake on request go through it alike.
 
 * Wakes are serialized per GPU: a wake, a weight load (`collective_rpc`, the weight-update phases) or a KV
-  cache release of an engine holds a lock on each of its GPUs (taken in index order, with the lifecycle
-  queue deadline), so two never run at once on one GPU (vLLM #36753: two wakes at once run out of memory).
-  The locks are first come, first served: the engine whose request has waited longest is swapped in first.
+  cache release of an engine holds its GPUs (proxy/gpu_lock.py: this proxy's lock per GPU and, with
+  `gpu_lock_dir`, the node's lock file per GPU UUID, taken in order with the lifecycle queue deadline), so two
+  never run at once on one GPU (vLLM #36753: two wakes at once run out of memory or wedge the CUDA VMM). The
+  locks are first come, first served: the engine whose request has waited longest is swapped in first.
 * Memory admission before a wake: `swap_rules.plan_room` says whether what the wake adds (`wake_need`:
   nothing from level 0, the rest after a partial wake, else the footprint) fits in its GPUs' free memory;
   if not, an engine there that holds its memory and may sleep (awake, paused, or asleep at level 0: woken
   first, which adds nothing; idle ones first, least recently used first) is put to sleep through its own
   coordinator, verified as any sleep, and the plan is made again. What cannot fit (a pinned, failed or
   updating neighbour, a footprint larger than the GPUs) is refused with 503 `insufficient_gpu_memory`, and
-  the engine's held requests get that answer at once: nothing is woken into an out-of-memory.
+  the engine's held requests get that answer at once: nothing is woken into an out-of-memory. The device's
+  free memory counts every process on it, another pod's engines too: read under the node's lock, it admits
+  a wake across pods.
 * Turns (a request for a sleeping model waits its turn, never refused because a neighbour is busy): before a
   wake asked for by held requests, a neighbour that served requests since they began waiting keeps serving
   for its turn, `swap_quantum_s` from when they began waiting or from its own wake, whichever is later (a
@@ -41,8 +45,9 @@ from .calls import LifecycleCall
 from .config import Settings
 from .coordinator import LifecycleCoordinator, Submit
 from .engine import Engine
-from .errors import InsufficientGpuMemory, LifecycleBusy, LifeguardError, UpstreamBadStatus
+from .errors import InsufficientGpuMemory, LifeguardError, UpstreamBadStatus
 from .gpu import GpuMemoryReader, GpuReading
+from .gpu_lock import GpuLocks
 from .metrics import Metrics
 from .outcome import Outcome
 from .rules import ALL_SLEEP_TAGS, Staleness, wake_targets
@@ -95,13 +100,21 @@ class _Guard:
 
 
 class Arbiter:
-    def __init__(self, settings: Settings, engines: dict[str, Engine], gpu: GpuMemoryReader, metrics: Metrics) -> None:
-        """From now on every lifecycle call of each of `engines` comes here first (its coordinator's guard)."""
+    def __init__(
+        self,
+        settings: Settings,
+        engines: dict[str, Engine],
+        gpu: GpuMemoryReader,
+        metrics: Metrics,
+        locks: GpuLocks | None = None,
+    ) -> None:
+        """From now on every lifecycle call of each of `engines` comes here first (its coordinator's guard).
+        `locks`: how its GPUs are taken (default: this proxy's lock per GPU only)."""
         self._settings = settings
         self._engines = engines
         self._gpu = gpu
         self._metrics = metrics
-        self._locks: dict[int, asyncio.Lock] = {}
+        self._locks = locks or GpuLocks(settings.lifecycle_queue_timeout_s, on_wait=metrics.gpu_lock_waited)
         self._turns: list[_Turn] = []
         self._wakes: dict[tuple[str, Any], asyncio.Future[Outcome]] = {}
         # Put to sleep at level 2 by this arbiter: their weights are reloaded after their next wake.
@@ -351,24 +364,11 @@ class Arbiter:
         gpus = self._engines[name].config.gpus
         turn = _Turn(name, op, gpus)
         self._turns.append(turn)
-        taken: list[asyncio.Lock] = []
         try:
-            try:
-                async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
-                    for index in sorted(gpus):
-                        lock = self._locks.setdefault(index, asyncio.Lock())
-                        await lock.acquire()
-                        taken.append(lock)
-            except TimeoutError:
-                raise LifecycleBusy(
-                    f"GPU {list(gpus)} stayed busy with other engines' wakes or weight loads for "
-                    f"{self._settings.lifecycle_queue_timeout_s:g} s"
-                ) from None
-            turn.running = True
-            yield
+            async with self._locks.hold(name, op, gpus):
+                turn.running = True
+                yield
         finally:
-            for lock in reversed(taken):
-                lock.release()
             self._turns.remove(turn)
 
     # ----- /lifeguard/state
@@ -387,7 +387,9 @@ class Arbiter:
                 "free_bytes": device.total_bytes - device.used_bytes if device else None,
             }
         now = time.monotonic()
+        node = self._locks.node
         return {
+            **({"gpu_lock": await node.snapshot(g for e in engines for g in e.config.gpus)} if node else {}),
             "gpus": gpus,
             "gpu_reading": None if reading.available else reading.unavailable,
             "footprint_bytes": {name: engine.footprint.bytes for name, engine in self._engines.items()},

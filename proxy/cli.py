@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from . import __version__
 from .app import Lifeguard
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
+from .gpu_lock import GpuLockSetupError
 from .logs import configure_logging
 
 log = logging.getLogger("lifeguard")
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:
+    except (OSError, GpuLockSetupError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
 
     # --- the control plane
     lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
+    # Several pods on one GPU node: a directory every lifeguard on the node shares (a hostPath). Each
+    # transition that takes GPU memory then holds a kernel lock on <dir>/<GPU UUID>.lock (proxy/gpu_lock.py)
+    # and is admitted against the device's free memory; null: this proxy's own lock per GPU only.
+    gpu_lock_dir: str | None = None
     lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
     control_call_timeout_s: float = Field(default=10.0, gt=0)
     weight_reload_rpc_methods: Annotated[tuple[str, ...], NoDecode] = ("reload_weights",)
@@ -235,6 +239,15 @@ class Settings(BaseSettings):
             return value
         raise ValueError(f"must be nvml, none or file:PATH (got {value!r})")
 
+    @field_validator("gpu_lock_dir")
+    @classmethod
+    def _gpu_lock_dir_absolute(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith("/"):
+            raise ValueError(f"must be an absolute path (got {value!r})")
+        return value
+
     @field_validator("gpu_devices", "weight_reload_rpc_methods", "weight_update_rpc_methods", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
@@ -246,6 +259,16 @@ class Settings(BaseSettings):
     def _admin_token_not_empty(self) -> Settings:
         if self.admin_token is not None and not self.admin_token.get_secret_value():
             raise ValueError("admin_token is set but empty")
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_lock_names_its_gpus(self) -> Settings:
+        named = any(_is_uuid(device) for device in self.gpu_devices)
+        if self.gpu_lock_dir is not None and self.gpu_probe == "none" and not named:
+            raise ValueError(
+                "gpu_lock_dir names each GPU's lock file by the GPU's UUID, and gpu_probe none reads no UUID: set "
+                "gpu_probe to nvml or file:PATH (a file with each device's uuid), or gpu_devices to the GPUs' UUIDs"
+            )
         return self
 
     @model_validator(mode="after")
@@ -298,6 +321,11 @@ class Settings(BaseSettings):
         if yaml_file is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
+
+
+def _is_uuid(device: str) -> bool:
+    """A `gpu_devices` entry that names a GPU by its UUID (NVML's `GPU-...` or `MIG-...`), not by an index."""
+    return not device.isdigit()
 
 
 _yaml_path: list[Path] = []

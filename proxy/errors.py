@@ -208,6 +208,14 @@ class InsufficientGpuMemory(LifeguardError):
     retry_after = 10.0
 
 
+class GpuLockUnavailable(LifeguardError):
+    """The node's lock of a GPU (gpu_lock_dir) cannot be taken: its UUID is not known yet, or the lock
+    directory cannot be used. Nothing that takes GPU memory runs without it."""
+
+    reason = "gpu_lock_unavailable"
+    retry_after = 5.0
+
+
 class LifecycleBusy(LifeguardError):
     status = 409
     reason = "lifecycle_busy"

@@ -18,7 +18,7 @@ from .tasks import Tasks
 class Fleet:
     settings: Settings
     engines: dict[str, Engine]
-    arbiter: Arbiter | None  # several engines: who may wake where (proxy/arbiter.py)
+    arbiter: Arbiter | None  # several engines, or gpu_lock_dir: who may wake where (proxy/arbiter.py)
     directory: ModelDirectory
     router: Router
     metrics: Metrics

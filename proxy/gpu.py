@@ -23,9 +23,10 @@ log = logging.getLogger("lifeguard.gpu")
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    gpu: str
+    gpu: str  # how the probe names it (its index or UUID): the `gpu` label of the memory series
     used_bytes: int
     total_bytes: int
+    uuid: str | None = None  # the same in every container; None where the probe cannot say (gpu_lock_dir needs it)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,12 @@ class FileReader:
                     raise ValueError(f"no memory of engine {self._engine!r} in it")
                 payload.setdefault("updated_at", updated_at)
             devices = tuple(
-                DeviceMemory(str(d.get("uuid", d.get("index"))), int(d["used_bytes"]), int(d["total_bytes"]))
+                DeviceMemory(
+                    str(d.get("uuid", d.get("index"))),
+                    int(d["used_bytes"]),
+                    int(d["total_bytes"]),
+                    str(d["uuid"]) if d.get("uuid") else None,
+                )
                 for d in payload.get("devices", [])
             ) or (DeviceMemory("0", int(payload["used_bytes"]), int(payload["total_bytes"])),)
             updated_at = payload.get("updated_at")
@@ -109,7 +115,7 @@ class NvmlReader:
 
     devices: tuple[str, ...] = ()
     processes: EngineProcesses | None = None
-    _handles: list[tuple[str, Any]] | None = field(default=None, init=False, repr=False)
+    _handles: list[tuple[str, Any, str]] | None = field(default=None, init=False, repr=False)
     _failed: str | None = field(default=None, init=False, repr=False)
     _initialised: bool = field(default=False, init=False, repr=False)
     _said_unseen: bool = field(default=False, init=False, repr=False)
@@ -137,10 +143,10 @@ class NvmlReader:
                 self._handles = None  # a GPU may be attached later (device plugin): look again next time
                 return GpuReading(unavailable="NVML sees no GPU")
             devices = []
-            for name, handle in self._handles:
+            for name, handle, uuid in self._handles:
                 info = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 used = int(info.used) if pids is None else _own_bytes(pynvml, handle, pids)
-                devices.append(DeviceMemory(name, used, int(info.total)))
+                devices.append(DeviceMemory(name, used, int(info.total), uuid))
         except pynvml.NVMLError as exc:
             reason = f"NVML: {exc}"
             if isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)):
@@ -164,16 +170,22 @@ class NvmlReader:
             self._said_unseen = True
         return reason
 
-    def _resolve(self, pynvml: Any) -> list[tuple[str, Any]]:
+    def _resolve(self, pynvml: Any) -> list[tuple[str, Any, str]]:
+        """(name, handle, UUID) of each watched device."""
         if not self.devices:
-            return [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-        handles = []
-        for ident in self.devices:
-            if ident.isdigit():
-                handles.append((ident, pynvml.nvmlDeviceGetHandleByIndex(int(ident))))
-            else:
-                handles.append((ident, pynvml.nvmlDeviceGetHandleByUUID(ident)))
-        return handles
+            named = [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        else:
+            named = [
+                (ident, pynvml.nvmlDeviceGetHandleByIndex(int(ident)))
+                if ident.isdigit()
+                else (ident, pynvml.nvmlDeviceGetHandleByUUID(ident))
+                for ident in self.devices
+            ]
+        return [(name, handle, _text(pynvml.nvmlDeviceGetUUID(handle))) for name, handle in named]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class SharedGpuReader:

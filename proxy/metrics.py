@@ -112,6 +112,9 @@ PROXY_ERROR_PLACES: tuple[str, ...] = ("client", "forward", "hold", "answer", "u
 #: How a swap (a wake of one of several engines on shared GPUs, with the room made for it) ended.
 SWAP_OUTCOMES: tuple[str, ...] = ("ok", "no_room", "failed")
 
+#: How a transition's wait for its GPUs' locks ended (proxy/gpu_lock.py WAIT_OUTCOMES).
+GPU_LOCK_OUTCOMES: tuple[str, ...] = ("free", "waited", "busy", "unavailable")
+
 _M = TypeVar("_M", Counter, Histogram, Gauge)
 
 
@@ -338,6 +341,23 @@ class Metrics:
             registry=registry,
         )
 
+        # --- the GPU locks a transition that takes GPU memory holds (proxy/gpu_lock.py)
+        self._gpu_lock_waits = Counter(
+            "lifeguard_gpu_lock_waits",
+            "Transitions that take GPU memory (wake, weight load, collective_rpc, KV release) and the GPU locks "
+            "they waited for: this proxy's per GPU and, with gpu_lock_dir, the node's (another pod's lifeguard), "
+            "by how the wait ended: free (at once), waited, busy (409 at the deadline), unavailable (503).",
+            [*e, "outcome"],
+            registry=registry,
+        )
+        self._gpu_lock_wait_seconds = Histogram(
+            "lifeguard_gpu_lock_wait_seconds",
+            "Time a transition that takes GPU memory waited for its GPUs' locks before it ran.",
+            e,
+            buckets=LIFECYCLE_BUCKETS,
+            registry=registry,
+        )
+
         self._engines = {name: EngineMetrics(self, name) for name in engines}
 
     def engine(self, name: str) -> EngineMetrics:
@@ -357,6 +377,11 @@ class Metrics:
             series.swap_duration.observe(seconds)
             if waited is not None:
                 series.swap_wait.observe(waited)
+
+    def gpu_lock_waited(self, engine: str, outcome: str, seconds: float) -> None:
+        """A transition of ``engine`` waited ``seconds`` for its GPUs' locks, ending ``outcome``
+        (GPU_LOCK_OUTCOMES)."""
+        self._engines[engine].gpu_lock_waited(outcome, seconds)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The registry as the scraper asked for it (Prometheus text or OpenMetrics), and its content type."""
@@ -402,6 +427,8 @@ class EngineMetrics:
         self.swaps = _bind(family._swaps, engine, SWAP_OUTCOMES)
         self.swap_duration = family._swap_durations.labels(engine)
         self.swap_wait = family._swap_waits.labels(engine)
+        self._gpu_lock_waits = _bind(family._gpu_lock_waits, engine, GPU_LOCK_OUTCOMES)
+        self._gpu_lock_wait_seconds = family._gpu_lock_wait_seconds.labels(engine)
 
     # --- state
 
@@ -498,6 +525,13 @@ class EngineMetrics:
             if child is None:
                 child = self._unknown_route_children[key] = self._family.unknown_routes.labels(self.name, *key)
         child.inc()
+
+    def gpu_lock_waited(self, outcome: str, seconds: float) -> None:
+        """A transition waited ``seconds`` for its GPUs' locks and then ``outcome`` (GPU_LOCK_OUTCOMES):
+        the time is observed when the locks were taken."""
+        self._gpu_lock_waits[outcome].inc()
+        if outcome in ("free", "waited"):
+            self._gpu_lock_wait_seconds.observe(seconds)
 
     def policy_action(self, policy: str) -> None:
         """An operating ``policy`` (POLICIES) acted on its own."""

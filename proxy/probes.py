@@ -360,7 +360,9 @@ class Verifier:
             await asyncio.sleep(self._settings.verify_poll_interval_s)
 
     def _memory_problem(self, kind: MemoryChange, now: GpuReading, before: GpuReading | None) -> str | None:
-        footprint = self.footprint.awake_reading
+        # Its own reading while awake; before it was seen awake (a proxy restarted beside a sleeping engine),
+        # what it takes awake as configured (footprint_gib).
+        footprint = self.footprint.awake_reading or self.footprint.configured
         if footprint is None and kind is MemoryChange.FREED and before is not None and before.available:
             footprint = before.used_bytes
         if not footprint:

@@ -198,8 +198,8 @@ def plan_room(
     if not order:
         there = [n for n in neighbours if n.holds_memory and worst in n.gpus]
         return NoRoom(
-            f"it needs {_gib(per_gpu)} on GPU {worst}, {_gib(free.get(worst, 0))} is free, and no engine there "
-            f"may be put to sleep ({_staying(there) or 'none holds memory'})"
+            f"it needs {_gib(per_gpu)} on GPU {worst}, {_gib(free.get(worst, 0))} is free, and "
+            + (f"no engine there may be put to sleep ({_staying(there)})" if there else _OUTSIDE)
         )
     if all(n.footprint_bytes is not None for n in order):
         for g, missing in short.items():
@@ -210,6 +210,14 @@ def plan_room(
                     f"there that may sleep to sleep would free only {_gib(could_free)}"
                 )
     return Evict(order[0].name)
+
+
+# The device's free memory counts every process on it: what no engine of this proxy holds, another pod's engine
+# (or anything else on that GPU) does, and only its own lifeguard, trainer or orchestrator can put it to sleep.
+_OUTSIDE = (
+    "the rest is memory held outside this proxy (another pod's engine, or another process on that GPU), "
+    "which this lifeguard cannot put to sleep"
+)
 
 
 def _staying(neighbours: list[Neighbour]) -> str:

@@ -8,6 +8,9 @@
 #   bash scripts/chaos.sh --duration 120   # any other length; more flags go to chaos_run.py (--seed, --strict, --keep)
 #   bash scripts/chaos.sh --engines 2 --quick   # two engines on one simulated GPU, 110 s (make chaos-engines): the
 #                                          # same invariants per engine, plus never more awake than fits
+#   bash scripts/chaos.sh --pods 3 --quick      # three pods (a proxy and a simulator each) on one simulated GPU,
+#                                          # one gpu_lock_dir, proxies killed -9 and restarted (make chaos-pods):
+#                                          # also never two wakes overlapping on one GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

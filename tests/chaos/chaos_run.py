@@ -17,6 +17,15 @@ one `vllm-lifeguard serve` with `engines:` (LIFEGUARD_ENGINES); clients ask for 
 the top-level URL (swaps), trainers call /engines/<name>/..., each simulator has its fault injector and
 healer. The invariants hold per engine, plus never more awake than fits, from both journals' memory moves.
 No proxy restarts in this mode.
+
+With `--pods N` (2 or 3; make chaos-pods): N pods on one GPU node, each a simulator and its own proxy (one
+engine each, `engines:` of one), all simulators on one GPU file that fits one awake, all proxies on one
+`gpu_lock_dir`; each proxy is killed -9 and restarted on its own schedule. Clients of each pod ask for its
+model (a sleeping one is woken on request, admitted against the device's memory under the node's lock),
+trainers and faults per engine, and an orchestrator that gives each engine the GPU in turn (the others put
+to sleep, then it is woken, each through its own pod's proxy), racing the wakes the pods' requests ask for.
+The invariants hold per engine, plus never more awake than fits and never two wakes overlapping on one GPU
+(from the simulators' journals).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from chaos_actors import (
     fault_injector,
     healer,
     lifecycle_call,
+    orchestrator,
     proxy_state,
     sim_state,
     trainer,
@@ -61,9 +71,11 @@ from chaos_checks import (
     engine_matches,
     known_violation,
     more_awake_than_fits,
+    overlapping_wakes,
     read_journal,
     session_cut,
     untruthful,
+    wake_intervals,
 )
 from chaos_proxy import ProxySupervisor, proxy_killer
 
@@ -120,6 +132,7 @@ class Guarded:
     name: str  # "": the one engine of the single-engine run
     sim: SimSupervisor
     base: str  # the proxy, or /engines/<name> on it
+    proxy_base: str  # its proxy (with --pods, each engine's own)
     settle: str | None = "never compared"
     recovered: bool = False
     leftover: dict[str, Any] | None = None
@@ -136,15 +149,25 @@ def engines_config(engines: list[Guarded]) -> list[dict[str, Any]]:
              "swap_sleep_level": 1 if i == 0 else 2} for i, e in enumerate(engines)]  # fmt: skip
 
 
+def pod_config(e: Guarded) -> list[dict[str, Any]]:
+    """`engines:` of one pod's proxy (--pods): its one engine, its awake footprint known (admission across pods
+    counts what another pod holds only against a known need; docs/gpu-sharing-across-pods.md)."""
+    return [{"name": e.name, "upstream": e.sim.url, "gpus": [0], "models": [e.sim.model],
+             "footprint_gib": SHARED_AWAKE / GIB}]  # fmt: skip
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> int:
-    proxy_port = free_port()
-    base = f"http://127.0.0.1:{proxy_port}"
-    names = [chr(ord("a") + i) for i in range(args.engines)] if args.engines > 1 else [""]
+    count = max(args.engines, args.pods)
+    names = [chr(ord("a") + i) for i in range(count)] if count > 1 else [""]
+    one_proxy = f"http://127.0.0.1:{free_port()}"
+    bases = {name: f"http://127.0.0.1:{free_port()}" if args.pods > 1 else one_proxy for name in names}
     engines = [Guarded(name, SimSupervisor(free_port(), workdir, args.seed + 7919 * i, name),
-                       base + (f"/engines/{name}" if name else "")) for i, name in enumerate(names)]  # fmt: skip
+                       bases[name] + (f"/engines/{name}" if name else ""), bases[name])
+               for i, name in enumerate(names)]  # fmt: skip
+    base = one_proxy if args.pods <= 1 else ""  # the one URL of every model (not with --pods: one per pod)
     models = {e.sim.model: e.name for e in engines}
     tally = Tally()
-    proxy: ProxySupervisor | None = None
+    proxies: dict[str, ProxySupervisor] = {}  # by engine name; one shared by every engine but with --pods
     stop_restarter = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
@@ -156,16 +179,30 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             if e.name and e is not engines[-1]:
                 await sim_sleep(session, e.sim)
         restarters = [asyncio.create_task(e.sim.restarter(stop_restarter), name="restarter") for e in engines]
-        cmd = [*proxy_command(), "serve", "--port", str(proxy_port), "--gpu-probe", f"file:{engines[0].sim.gpu_file}"]
-        env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
-        if args.engines > 1:
-            env["LIFEGUARD_ENGINES"] = json.dumps(engines_config(engines))
-            # The default drain (none before a client's sleep); the turn scaled to this run's 5 s hold deadline.
-            env["LIFEGUARD_SWAP_QUANTUM_S"] = "1"
+        probe = f"file:{engines[0].sim.gpu_file}"
+        if args.pods > 1:
+            lock_dir = workdir / "gpu-locks"  # the node's hostPath
+            lock_dir.mkdir(exist_ok=True)
+            for e in engines:
+                cmd = [*proxy_command(), "serve", "--port", e.proxy_base.rsplit(":", 1)[1], "--gpu-probe", probe]
+                state_file = str(workdir / f"proxy-{e.name}-state.json")
+                env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": state_file,
+                       "LIFEGUARD_ENGINES": json.dumps(pod_config(e)),
+                       "LIFEGUARD_GPU_LOCK_DIR": str(lock_dir)}  # fmt: skip
+                proxies[e.name] = ProxySupervisor(cmd, env, workdir / f"proxy-{e.name}.log", e.proxy_base)
         else:
-            cmd += ["--upstream", engines[0].sim.url]
-        proxy = ProxySupervisor(cmd, env, workdir / "proxy.log", base)
-        proxy.start()
+            cmd = [*proxy_command(), "serve", "--port", one_proxy.rsplit(":", 1)[1], "--gpu-probe", probe]
+            env = {**os.environ, **PROXY_ENV, "LIFEGUARD_STATE_FILE": str(workdir / "proxy-state.json")}
+            if args.engines > 1:
+                env["LIFEGUARD_ENGINES"] = json.dumps(engines_config(engines))
+                # The default drain (none before a client's sleep); the turn scaled to this run's 5 s hold deadline.
+                env["LIFEGUARD_SWAP_QUANTUM_S"] = "1"
+            else:
+                cmd += ["--upstream", engines[0].sim.url]
+            shared = ProxySupervisor(cmd, env, workdir / "proxy.log", one_proxy)
+            proxies = {e.name: shared for e in engines}
+        for proxy in {id(p): p for p in proxies.values()}.values():
+            proxy.start()
         expected = {e.name: "SLEEPING" if e.name and e is not engines[-1] else "RUNNING" for e in engines}
 
         async def ready() -> bool:
@@ -174,10 +211,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
 
         await wait_until("proxy RUNNING", ready, 30)
         started = time.monotonic()
-        sims = ", ".join(f"{e.label}{e.sim.url}" for e in engines)
-        print(f"chaos: proxy {base} -> sim {sims}; {args.clients} clients, {args.trainers} trainers, "
+        sims = ", ".join(f"{e.label}{e.proxy_base if args.pods > 1 else ''} -> {e.sim.url}" for e in engines)
+        print(f"chaos: proxy {base or 'per pod'}, sims {sims}; {args.clients} clients, {args.trainers} trainers, "
               f"{args.duration:g} s; workdir {workdir}", flush=True)  # fmt: skip
-        if args.engines > 1:
+        if args.pods > 1:
+            print(
+                f"chaos: {args.pods} pods (a proxy and a simulator each) on one GPU file ({engines[0].sim.gpu_file}), "
+                f"one fits awake, one gpu_lock_dir; each pod's clients ask for its model; proxy restarts per pod",
+                flush=True,
+            )
+        elif args.engines > 1:
             print(
                 f"chaos: {args.engines} engines on one GPU file ({engines[0].sim.gpu_file}), one fits awake; "
                 "models at random through the top-level URL; proxy restarts left out of this mode",
@@ -186,10 +229,20 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
 
         stop_load = asyncio.Event()
         stop_chaos = asyncio.Event()
+        # With --pods each client is one pod's (its proxy, its model); otherwise every model through the one URL.
+        targets = [(e.proxy_base, {e.sim.model: e.name}) for e in engines] if args.pods > 1 else [(base, models)]
         clients = [
             asyncio.create_task(
-                client(session, base, args.seed * 1000 + i, tally, stop_load, INFERENCE_DEADLINE_S, models)
-            )
+                client(
+                    session,
+                    targets[i % len(targets)][0],
+                    args.seed * 1000 + i,
+                    tally,
+                    stop_load,
+                    INFERENCE_DEADLINE_S,
+                    targets[i % len(targets)][1],
+                )
+            )  # fmt: skip
             for i in range(args.clients)
         ]
         per_engine = -(-args.trainers // len(engines))  # with several engines: as many for each, rounded up
@@ -206,14 +259,19 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             chaos.append(asyncio.create_task(fault_injector(session, e.sim, args.seed + 7919 * j, tally, stop_chaos)))
             others = tuple((o.name, o.base) for o in engines if o is not e)
             chaos.append(asyncio.create_task(healer(session, e.base, e.sim, tally, stop_chaos, neighbours=others)))
+        if args.pods > 1:
+            chaos.append(asyncio.create_task(orchestrator(session, [(e.name, e.base) for e in engines], args.seed,
+                                                          tally, stop_chaos, LIFECYCLE_DEADLINE_S)))  # fmt: skip
         if args.proxy_restarts:
             every = (6.0, 15.0) if args.quick else (8.0, 20.0)
+            for j, (name, proxy) in enumerate({id(p): (n, p) for n, p in proxies.items()}.values()):
 
-            def lifecycle_in_flight() -> bool:
-                return any(c.kind != "inference" and c.outcome == "pending" for c in tally.calls[-300:])
+                def lifecycle_in_flight(name: str = name) -> bool:
+                    return any(c.kind != "inference" and c.outcome == "pending" and (args.pods <= 1 or c.engine == name)
+                               for c in tally.calls[-300:])  # fmt: skip
 
-            chaos.append(asyncio.create_task(
-                proxy_killer(session, proxy, args.seed, every, lifecycle_in_flight, stop_chaos)))  # fmt: skip
+                chaos.append(asyncio.create_task(proxy_killer(session, proxy, args.seed + 31 * j, every,
+                                                              lifecycle_in_flight, stop_chaos)))  # fmt: skip
         progress_every = max(10.0, args.duration / 10)
         next_progress = started + progress_every
         while time.monotonic() - started < args.duration:
@@ -229,23 +287,26 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         # With several engines the clients stop first: their traffic for every model swaps engines all along.
         stop_chaos.set()
         await asyncio.wait_for(asyncio.gather(*chaos), LIFECYCLE_DEADLINE_S + 10)
-        if args.engines > 1:
+        if count > 1:
             stop_load.set()
             await asyncio.wait_for(asyncio.gather(*clients), INFERENCE_DEADLINE_S + 10)
         for e in engines:
-            cut = session_cut([c for c in tally.calls if c.engine == e.name], proxy.downtimes)
+            cut = session_cut([c for c in tally.calls if c.engine == e.name], proxies[e.name].downtimes)
             e.settle = await settle_and_compare(session, e.base, e.sim, cut)
 
         # 2. Recovery through the proxy's own routes, then traffic must flow again (for every model in turn).
-        await recover_all(session, engines, tally)
+        last = await recover_all(session, engines, tally, across_pods=args.pods > 1)
         stop_load.set()
         await asyncio.wait_for(asyncio.gather(*clients), INFERENCE_DEADLINE_S + 10)
         final_ok = 0
         for i in range(10):
+            # Through one proxy, the models in turn (swaps); across pods, the one left awake by the recovery (a
+            # lifeguard does not put another pod's engine to sleep).
+            model, url = (last.sim.model, last.proxy_base) if args.pods > 1 else (list(models)[i % len(models)], base)
             try:
-                body = {"model": list(models)[i % len(models)], "prompt": "ok", "max_tokens": 2}
+                body = {"model": model, "prompt": "ok", "max_tokens": 2}
                 async with session.post(
-                    base + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=15)
+                    url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=15)
                 ) as resp:
                     final_ok += resp.status == 200
             except (aiohttp.ClientError, TimeoutError):
@@ -261,19 +322,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 e.leftover = await wait_until("nothing held or in flight", drained, 10)
             except RuntimeError:
                 e.leftover = await proxy_state(session, e.base)
-        metrics_text = await fetch_text(session, base + "/lifeguard/metrics")
+        texts = [await fetch_text(session, url + "/lifeguard/metrics") for url in sorted(set(bases.values()))]
+        metrics_text = "\n".join(texts)
     finally:
         stop_restarter.set()
         for task in restarters:
             await task
-        proxy_rc = proxy.stop() if proxy is not None else None
+        stopped = {id(p): p.stop() for p in proxies.values()}
         for e in engines:
             e.sim.stop()
         await session.close()
 
     journals = {e.name: read_journal(e.sim.journal, e.name) for e in engines}
-    return report(args, tally, engines, journals, chaos_seconds, final_ok, proxy_rc, metrics_text, workdir,
-                  proxy.downtimes)  # fmt: skip
+    downtimes = {name: proxy.downtimes for name, proxy in proxies.items()}
+    return report(args, tally, engines, journals, chaos_seconds, final_ok, list(stopped.values()), metrics_text,
+                  workdir, downtimes)  # fmt: skip
 
 
 async def sim_sleep(session: aiohttp.ClientSession, sim: SimSupervisor) -> None:
@@ -316,14 +379,23 @@ async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: Sim
     return last
 
 
-async def recover_all(session: aiohttp.ClientSession, engines: list[Guarded], tally: Tally) -> None:
+async def recover_all(session: aiohttp.ClientSession, engines: list[Guarded], tally: Tally, *,
+                      across_pods: bool = False) -> Guarded:  # fmt: skip
     """Recover every engine through the proxy; with several, a FAILED one first (dead awake, it leaves no
     room for a wake), in up to three rounds. Recovering one puts the one recovered before to sleep (one fits
-    awake): each has to come back to RUNNING once; the final requests then swap them in turn."""
+    awake): each has to come back to RUNNING once; the final requests then swap them in turn. Across pods
+    nothing puts another pod's engine to sleep: the operator does, through that pod's proxy, before each
+    recovery. The engine recovered last (the one awake at the end)."""
+    last = engines[-1]
     for _ in range(3):
         states = {e.name: await proxy_state(session, e.base) for e in engines}
         order = sorted(engines, key=lambda e: (states[e.name] or {}).get("state") != "FAILED")
         for e in order:
+            if across_pods:
+                for other in engines:
+                    if other is not e:
+                        await lifecycle_call(session, other.base, "sleep", [("level", "1")], None, tally,
+                                             LIFECYCLE_DEADLINE_S, other.name)  # fmt: skip
             if e.sim.waiting_for_room:  # dead while another is awake: an operator makes room for its restart
                 for other in engines:
                     if other is not e:
@@ -336,8 +408,10 @@ async def recover_all(session: aiohttp.ClientSession, engines: list[Guarded], ta
                 with contextlib.suppress(RuntimeError):
                     await wait_until("room for a restart", restarted, 5)
             e.recovered = await recover(session, e.base, e.sim, tally, e.name)
+            last = e
         if all(e.recovered for e in engines):
-            return
+            return last
+    return last
 
 
 async def recover(session: aiohttp.ClientSession, base: str, sim: SimSupervisor, tally: Tally,
@@ -392,10 +466,10 @@ def report(
     journals: dict[str, Journal],
     seconds: float,
     final_ok: int,
-    proxy_rc: int | None,
+    proxy_rcs: list[int | None],
     metrics_text: str,
     workdir: Path,
-    downtimes: list[tuple[float, float]],
+    downtimes_of: dict[str, list[tuple[float, float]]],
 ) -> int:
     inference = [c for c in tally.calls if c.kind == "inference"]
     lifecycle = [c for c in tally.calls if c.kind != "inference"]
@@ -405,7 +479,8 @@ def report(
     proxy_500 = [c for c in tally.calls if c.status == 500 and c.reason]
     known: Counter[str] = Counter()
     proxy_bugs = [c for c in tally.calls if c.reason == "proxy_error"]
-    cut = [c for c in tally.calls if cut_by_restart(c, downtimes)]
+    downtimes = sorted({d for ds in downtimes_of.values() for d in ds})  # every restart of every proxy
+    cut = [c for c in tally.calls if cut_by_restart(c, downtimes_of[c.engine])]
     bad_inference = [c for c in inference if (c.outcome in BAD_INFERENCE or c.outcome == "pending") and c not in cut]
     bad_lifecycle = [c for c in lifecycle if c.outcome not in ("ok", "noop", "proxy_error") and c not in cut]
     latencies = sorted(c.t_end - c.t_send for c in inference if c.outcome == "ok")
@@ -443,7 +518,7 @@ def report(
         print(f"{e.label}lifecycle 200s checked {truth[e.name][0]} against {len(journal.timeline)} engine states")
     print(f"operator kills         {dict(tally.kills)}")
     cut_kinds = Counter("inference" if c.kind == "inference" else "lifecycle" for c in cut)
-    if several:
+    if several and not args.pods > 1:
         print("proxy restarts         left out of this mode (several engines)")
     else:
         print(f"proxy restarts         {len(downtimes)} kill -9 + restart on the same port; calls cut (connection "
@@ -456,13 +531,22 @@ def report(
             if value:
                 swaps[f"{labels.get('engine')}:{labels.get('outcome')}"] += int(value)
         no_room = Counter(c.engine for c in tally.calls if c.reason == "insufficient_gpu_memory")
-        print(f"swaps by engine:outcome {dict(sorted(swaps.items()))}  (last proxy's lifeguard_swaps_total)")
+        print(f"swaps by engine:outcome {dict(sorted(swaps.items()))}  (the last proxies' lifeguard_swaps_total)")
         print(f"503 insufficient_gpu_memory by engine {dict(sorted(no_room.items()))}")
         print(f"wakes the device refused (out of memory) { ({n: j.ooms for n, j in journals.items()}) }")
         print(f"restarts that waited for room { ({e.name: e.sim.waits_for_room for e in engines}) }")
         print(f"device memory          peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB over {len(moves)} memory "
               f"moves (one engine awake: {SHARED_AWAKE / GIB:.0f} GiB, "
               f"asleep: {SHARED_ASLEEP / GIB:.0f} GiB)")  # fmt: skip
+    wakes = {e.name: wake_intervals(journals[e.name]) for e in engines}
+    overlaps = overlapping_wakes(wakes, downtimes_of) if args.pods > 1 else []
+    if args.pods > 1:
+        waits: Counter[str] = Counter()
+        for labels, value in metric_samples(metrics_text, "lifeguard_gpu_lock_waits_total"):
+            waits[labels.get("outcome", "")] += int(value)
+        print(f"wakes on the GPU       {sum(len(w) for w in wakes.values())} in the simulators' journals "
+              f"({ {n: len(w) for n, w in wakes.items()} }); node lock waits by outcome (the last proxies') "
+              f"{dict(sorted(waits.items()))}")  # fmt: skip
 
     broken: list[str] = []
 
@@ -475,7 +559,8 @@ def report(
 
     def show(calls: list[Call]) -> list[str]:
         return [f"{c.engine}{' ' if c.engine else ''}{c.kind} {c.query} -> {c.status} {c.outcome} {c.reason or ''} "
-                f"{c.detail}" for c in calls]  # fmt: skip
+                f"{c.detail} (sent {time.strftime('%H:%M:%S', time.gmtime(c.t_send))}, {c.t_end - c.t_send:.1f} s)"
+                for c in calls]  # fmt: skip
 
     print("\n=== invariants ===")
     check(tally.sent == tally.ended, f"sent == ended ({tally.sent} == {tally.ended}); 0 requests lost")
@@ -519,7 +604,9 @@ def report(
     check(
         final_ok == 10, f"{final_ok}/10 requests 200 after the recovery" + (" (the models in turn)" if several else "")
     )
-    check(proxy_rc == 0, f"SIGTERM: the proxy exited 0 (exit status {proxy_rc})")
+    check(
+        all(rc == 0 for rc in proxy_rcs), f"SIGTERM: the proxy exited 0 (exit status {', '.join(map(str, proxy_rcs))})"
+    )
     if several:
         busy = [c for c in tally.calls if c.reason == "insufficient_gpu_memory" and
                 ("serving" in c.detail or "held for it" in c.detail)]  # fmt: skip
@@ -529,6 +616,9 @@ def report(
               f"engine <= its total (peak {peak / GIB:.1f} of {total / GIB:.1f} GiB; {len(over)} moves over)",
               [f"{m.engine} at {m.t:.3f}: own {m.own / GIB:.1f} GiB, device {m.device / GIB:.1f} GiB"
                for m in over])  # fmt: skip
+    if args.pods > 1:
+        check(not overlaps, f"never two wakes overlapping on one GPU across pods ({len(overlaps)} overlaps in "
+              f"{sum(len(w) for w in wakes.values())} wakes)", overlaps)  # fmt: skip
     for bug, count in sorted(known.items()):
         if count:
             print(f"  [known] {bug}: {count} occurrence(s), not counted; {KNOWN_BUGS[bug]}")
@@ -549,6 +639,9 @@ def report(
     if several:
         summary.update({"engines": len(engines), "swaps": dict(swaps), "device_peak_bytes": peak,
                         "device_total_bytes": total, "memory_moves": len(moves)})  # fmt: skip
+    if args.pods > 1:
+        summary.update({"pods": args.pods, "wakes": sum(len(w) for w in wakes.values()),
+                        "overlapping_wakes": len(overlaps)})  # fmt: skip
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nchaos: {'PASS' if not broken else 'FAIL: ' + '; '.join(broken)} (logs and summary in {workdir})")
     return 0 if not broken else 1
@@ -570,16 +663,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="several engines (2: a and b) on one simulated GPU that fits one awake, behind one "
                         "proxy with engines:; clients ask for every model at random (swaps), trainers call "
                         "/engines/<name>/...; no proxy restarts in this mode")  # fmt: skip
+    parser.add_argument("--pods", type=int, default=int(os.environ.get("CHAOS_PODS", 1)),
+                        help="several pods (2 or 3: a, b, c) on one simulated GPU that fits one awake, each a "
+                        "simulator and its own proxy, all proxies on one gpu_lock_dir; proxy restarts per pod "
+                        "(make chaos-pods)")  # fmt: skip
     parser.add_argument("--strict", action="store_true", default=os.environ.get("CHAOS_STRICT") == "1",
                         help="count the known core bugs (KNOWN_BUGS) as broken invariants too")  # fmt: skip
     args = parser.parse_args(argv)
     args.require_targets = not args.quick
+    if args.engines > 1 and args.pods > 1:
+        parser.error("--engines and --pods are two modes: one proxy of several engines, or one proxy per pod")
     if args.engines > 1:
         args.proxy_restarts = False  # left out of this mode: the single-engine run restarts the proxy
     if args.quick and "--duration" not in (argv if argv is not None else sys.argv[1:]):
         # Two engines on one GPU: each is swapped out (or failed, and nothing can be woken beside it) much of
         # the time, and 75 s did not see every fault kind fire on each (seeds 7 and 11, 2026-12-03).
-        args.duration = float(os.environ.get("CHAOS_DURATION", 110 if args.engines > 1 else 75))
+        args.duration = float(os.environ.get("CHAOS_DURATION", 110 if max(args.engines, args.pods) > 1 else 75))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lifeguard-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rc = asyncio.run(run(args, workdir))

@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from chaos_actors import _fired_since
-from chaos_checks import Call, MemoryMove, cut_by_restart, more_awake_than_fits, read_journal, session_cut, untruthful
+from chaos_checks import (
+    Call,
+    MemoryMove,
+    WakeSpan,
+    cut_by_restart,
+    more_awake_than_fits,
+    overlapping_wakes,
+    read_journal,
+    session_cut,
+    untruthful,
+)
 
 
 def _engine(**overrides: Any) -> dict[str, Any]:
@@ -122,3 +132,40 @@ def test_memory_moves_and_refused_wakes_are_read_from_each_engines_journal(tmp_p
         MemoryMove(1.0, "b", 50 * GIB, 52 * GIB, 80 * GIB),
         MemoryMove(3.0, "b", 2 * GIB, 4 * GIB, 80 * GIB),
     ]
+
+
+def _journal(path: Path, *entries: dict[str, Any]) -> Path:
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    return path
+
+
+def test_wakes_are_read_from_begin_to_their_end_or_the_processs_death(tmp_path: Path) -> None:
+    journal = _journal(
+        tmp_path / "j.jsonl",
+        {"t": 1.0, "ev": "begin", "pid": 7, "op": "wake_up"},
+        {"t": 1.5, "ev": "state", "pid": 7, "why": "wake_up:ok", "s": _engine()},
+        {"t": 2.0, "ev": "begin", "pid": 7, "op": "wake_up"},
+        {"t": 2.1, "ev": "fault", "pid": 7, "op": "wake_up", "kind": "hang"},
+        {"t": 4.0, "ev": "state", "why": "exited", "s": _engine(dead=True)},  # the supervisor's line: no pid
+        {"t": 5.0, "ev": "begin", "pid": 8, "op": "wake_up"},
+        {"t": 5.2, "ev": "die", "pid": 8, "reason": "crash", "s": _engine(dead=True)},
+        {"t": 6.0, "ev": "begin", "pid": 9, "op": "sleep"},
+    )
+    wakes = read_journal(journal, "a").wakes
+    assert wakes == [WakeSpan("a", 1.0, 1.5, 7), WakeSpan("a", 2.0, 4.0, 7, hung=True), WakeSpan("a", 5.0, 5.2, 8)]
+
+
+def test_two_wakes_of_two_pods_at_once_on_the_gpu_are_caught_and_one_after_the_other_are_not() -> None:
+    a = [WakeSpan("a", 1.0, 2.0, 1)]
+    assert overlapping_wakes({"a": a, "b": [WakeSpan("b", 2.0, 3.0, 2)]}, {}) == []
+    found = overlapping_wakes({"a": a, "b": [WakeSpan("b", 1.9, 3.0, 2)]}, {})
+    assert found == ["a woke 1.000-2.000, b 1.900-3.000"]
+
+
+def test_an_overlap_is_excused_only_after_a_hang_or_when_the_first_wakes_proxy_was_killed_during_it() -> None:
+    b = {"b": [WakeSpan("b", 1.5, 3.0, 2)]}
+    assert overlapping_wakes({"a": [WakeSpan("a", 1.0, 2.0, 1, hung=True)], **b}, {}) == []
+    a = {"a": [WakeSpan("a", 1.0, 2.0, 1)]}
+    assert overlapping_wakes({**a, **b}, {"a": [(1.2, 1.8)]}) == []  # its lock died with its proxy
+    assert overlapping_wakes({**a, **b}, {"b": [(1.2, 1.8)]}) != []  # the second's proxy: no excuse
+    assert overlapping_wakes({**a, **b}, {"a": [(2.5, 2.8)]}) != []  # killed after its wake: no excuse

@@ -2,7 +2,9 @@
 in front of the simulator (simulated memory, `file:` probe), and the script's own dry run end to end.
 
 The physical path (the simulator's `--memory cuda`, read through NVML) needs a GPU and is run by the
-script itself on a machine that has one. The simulator's memory books are tests/sim/test_gpu_memory.py.
+script itself on a machine that has one; so does its step of two pods (two proxies on one `gpu_lock_dir`),
+whose dry run here races the wakes on a simulated device shared by two simulators. The simulator's memory
+books are tests/sim/test_gpu_memory.py.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def test_the_script_dry_run_writes_its_figures(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=110,  # two phases: the single engine, then two pods
     )
 
     assert done.returncode == 0, done.stdout + done.stderr
@@ -144,3 +146,21 @@ def test_the_script_dry_run_writes_its_figures(tmp_path: Path) -> None:
     assert caught["device_used_bytes_after"] < caught["device_used_bytes_before"]  # b freed its memory meanwhile
     assert {c["name"]: c["result"] for c in caught["checks"]["a"]}["memory"] == "fail"
     assert {c["name"]: c["result"] for c in caught["checks"]["b"]}["memory"] == "pass"
+    # Two pods on the (simulated) GPU, one lock directory: each round one wakes, the other is refused for memory.
+    pods = json.loads((tmp_path / "gpu-check-pods.json").read_text())
+    assert pods["ok"] and pods["mode"] == "dry-run" and len(pods["rounds"]) == 3, json.dumps(pods, indent=1)
+    for race in pods["rounds"]:
+        statuses = sorted(answer["status"] for answer in race["answers"].values())
+        assert statuses == [200, 503] and sorted(race["wakes_reached_the_simulator"].values()) == [0, 1]
+        assert {lock["gpus"]["0"]["uuid"] for lock in race["gpu_lock"].values()} == {"GPU-sim-0"}
+
+
+def test_judge_race_wants_one_wake_and_the_others_refused_before_their_simulators() -> None:
+    one = {"a": (200, None), "b": (503, "insufficient_gpu_memory")}
+    assert gpu_check.judge_race(one, {"a": 1, "b": 0}) == []
+    assert gpu_check.judge_race(one, {"a": 1, "b": 1}) == ["b: its simulator ran 1 wake(s), expected 0"]
+    both = {"a": (200, None), "b": (200, None)}
+    assert gpu_check.judge_race(both, {"a": 1, "b": 1})[0].startswith("2 wakes answered 200")
+    busy = {"a": (200, None), "b": (409, "lifecycle_busy")}
+    refused = gpu_check.judge_race(busy, {"a": 1, "b": 0})
+    assert refused == ["b: 409 lifecycle_busy, expected 503 insufficient_gpu_memory"]

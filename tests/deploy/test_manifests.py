@@ -18,11 +18,17 @@ from proxy.config import Settings
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
-OVERLAYS = sorted(path.parent for path in (K8S / "overlays").glob("*/kustomization.yaml"))
+#: Several pods on one GPU (each pod a sub-kustomization, the ResourceClaim they share): tested per pod below.
+PODS_OVERLAY = K8S / "overlays" / "shared-gpu-pods"
+PODS = ("policy", "judge")
+#: The overlays of one pod.
+OVERLAYS = sorted(
+    path.parent for path in (K8S / "overlays").glob("*/kustomization.yaml") if path.parent != PODS_OVERLAY
+)
 COMPONENTS = sorted(path.parent for path in (K8S / "components").glob("*/kustomization.yaml"))
 DASHBOARD = ROOT / "deploy" / "grafana" / "lifeguard-dashboard.json"
 # Native sidecars are on by default from 1.29; check the oldest supported and a current release.
-K8S_VERSIONS = ["1.29", "1.33"]
+K8S_VERSIONS = ["1.29", "1.33", "1.35"]
 CRD_KINDS = {"PodMonitor", "ServiceMonitor"}
 COMPONENT_ADDS = {
     "podmonitor": ("PodMonitor", "vllm-lifeguard"),
@@ -84,8 +90,13 @@ def _gpus(pod: dict[str, Any], container: dict[str, Any], resources: list[dict[s
     claims = {c["name"]: c for c in pod.get("resourceClaims", [])}
     count = 0
     for claim in container["resources"].get("claims", []):
-        template = find(resources, "ResourceClaimTemplate", claims[claim["name"]]["resourceClaimTemplateName"])
-        count += sum(int(r.get("count", 1)) for r in template["spec"]["spec"]["devices"]["requests"])
+        named = claims[claim["name"]]
+        if "resourceClaimName" in named:  # one claim, named by several pods (resource.k8s.io/v1)
+            requests = find(resources, "ResourceClaim", named["resourceClaimName"])["spec"]["devices"]["requests"]
+            count += sum(int(r["exactly"].get("count", 1)) for r in requests)
+        else:
+            template = find(resources, "ResourceClaimTemplate", named["resourceClaimTemplateName"])
+            count += sum(int(r.get("count", 1)) for r in template["spec"]["spec"]["devices"]["requests"])
     return count
 
 
@@ -93,8 +104,9 @@ def _vllm_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in pod["containers"] if c["name"].startswith("vllm")]
 
 
-def test_there_are_a_single_gpu_a_tensor_parallel_and_a_shared_gpu_overlay() -> None:
+def test_there_are_a_single_gpu_a_tensor_parallel_a_shared_gpu_and_a_shared_gpu_pods_overlay() -> None:
     assert {overlay.name for overlay in OVERLAYS} == {"single-gpu", "tensor-parallel", "shared-gpu"}
+    assert {p.parent.name for p in PODS_OVERLAY.glob("*/kustomization.yaml")} == {*PODS, "pod"}
     assert {component.name for component in COMPONENTS} == {
         "podmonitor",
         "servicemonitor",
@@ -155,9 +167,41 @@ def test_a_broken_manifest_does_fail_validation() -> None:
         kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
 
 
-@pytest.fixture(params=OVERLAYS, ids=lambda p: p.name)
+def _one_pod(rendered: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    """The objects of one pod of the shared-gpu-pods overlay (its own, and the claim they share), named as the
+    base names them (without the `-<role>` suffix): every check of one pod's wiring applies to it as is."""
+    suffix = f"-{role}"
+    hashed = re.compile(rf"^(.*){re.escape(suffix)}(-[a-z0-9]{{10}})?$")
+
+    def unsuffixed(name: str) -> str:
+        match = hashed.match(name)
+        return match.group(1) + (match.group(2) or "") if match else name
+
+    mine = []
+    for doc in rendered:
+        labels = doc["metadata"].get("labels", {})
+        if labels.get("app.kubernetes.io/instance", role) != role:
+            continue
+        doc = json.loads(json.dumps(doc))
+        doc["metadata"]["name"] = unsuffixed(doc["metadata"]["name"])
+        for container in pod_containers(doc):
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    source["configMapRef"]["name"] = unsuffixed(source["configMapRef"]["name"])
+        for volume in doc.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []):
+            if "configMap" in volume:
+                volume["configMap"]["name"] = unsuffixed(volume["configMap"]["name"])
+        mine.append(doc)
+    return mine
+
+
+@pytest.fixture(params=[*((o, None) for o in OVERLAYS), *((PODS_OVERLAY, role) for role in PODS)],
+                ids=lambda p: p[0].name + (f":{p[1]}" if p[1] else ""))  # fmt: skip
 def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return _render(request.param, *COMPONENTS)
+    """One pod's objects: each single-pod overlay, and each pod of shared-gpu-pods."""
+    overlay, role = request.param
+    whole = _render(overlay, *COMPONENTS)
+    return _one_pod(whole, role) if role else whole
 
 
 def test_lifeguard_is_a_native_sidecar_with_no_gpu(rendered: list[dict[str, Any]]) -> None:
@@ -434,3 +478,72 @@ def test_the_readme_pod_example_is_a_valid_pod_spec() -> None:
     assert _env(lifeguard)["LIFEGUARD_UPSTREAM"]["value"].endswith(vllm["args"][vllm["args"].index("--port") + 1])
     assert lifeguard["readinessProbe"]["httpGet"]["path"] == "/lifeguard/readyz"
     assert lifeguard["livenessProbe"]["httpGet"]["path"] == "/lifeguard/healthz"
+
+
+# ----- several pods on one GPU (overlays/shared-gpu-pods, docs/gpu-sharing-across-pods.md)
+
+
+@pytest.mark.parametrize("components", [(), tuple(COMPONENTS)], ids=_ids)
+def test_the_shared_gpu_pods_overlay_validates_against_the_kubernetes_schemas(components: tuple[Path, ...]) -> None:
+    """resource.k8s.io/v1 (a named ResourceClaim) is served from 1.34 on: checked against 1.35."""
+    kubernetes_validate = _kubernetes_validate()
+    rendered = _render(PODS_OVERLAY, *components)
+    assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "Deployment") == ["vllm-judge", "vllm-policy"]
+    for doc in rendered:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, "1.35", strict=True)
+
+
+def test_two_pods_name_one_resource_claim_and_mount_one_lock_directory_for_their_lifeguards() -> None:
+    rendered = _render(PODS_OVERLAY)
+    (claim,) = [d for d in rendered if d["kind"] == "ResourceClaim"]
+    assert claim["apiVersion"] == "resource.k8s.io/v1"
+    assert [d for d in rendered if d["kind"] == "ResourceClaimTemplate"] == []  # a template is one claim per pod
+    lock_paths = set()
+    for role in PODS:
+        pod = _pod(_one_pod(rendered, role))
+        assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}]
+        for vllm in _vllm_containers(pod):
+            assert vllm["resources"]["claims"] == [{"name": "gpu"}]
+            assert not any("nvidia.com/gpu" in part for part in vllm["resources"].values())
+        lock_dir = _lifeguard_env(_one_pod(rendered, role))["LIFEGUARD_GPU_LOCK_DIR"]
+        lifeguard = _container(pod, "lifeguard")
+        (mount,) = [m for m in lifeguard["volumeMounts"] if m["mountPath"] == lock_dir]
+        assert not mount.get("readOnly")
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+        lock_paths.add(volume["hostPath"]["path"])
+        # The directory is made writable for the sidecar (UID 10001) before the sidecar starts.
+        names = [c["name"] for c in pod["initContainers"]]
+        opener = _container(pod, "gpu-lock-dir")
+        assert names.index("gpu-lock-dir") < names.index("lifeguard") and "restartPolicy" not in opener
+        assert [m["mountPath"] for m in opener["volumeMounts"]] == [lock_dir]
+        assert lock_dir in opener["command"][-1] and "0o1777" in opener["command"][-1]
+        assert opener["securityContext"]["allowPrivilegeEscalation"] is False
+        assert opener["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert len(lock_paths) == 1, "both lifeguards must lock in one directory of the node"
+
+
+def test_each_pods_service_selects_its_own_pod_only() -> None:
+    rendered = _render(PODS_OVERLAY)
+    deployments = {d["metadata"]["name"]: d for d in rendered if d["kind"] == "Deployment"}
+    for service in (d for d in rendered if d["kind"] == "Service"):
+        selector = service["spec"]["selector"].items()
+        chosen = [
+            name for name, d in deployments.items() if selector <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert chosen == [service["metadata"]["name"]], (service["metadata"]["name"], chosen)
+
+
+def test_each_pods_lifeguard_guards_its_engine_with_the_node_lock_and_a_known_footprint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = _render(PODS_OVERLAY)
+    for role in PODS:
+        mine = _one_pod(rendered, role)
+        for name, value in _lifeguard_env(mine).items():
+            monkeypatch.setenv(name, value)
+        settings = Settings(**_engines_config(mine))
+        assert settings.gpu_lock_dir == "/run/vllm-lifeguard/gpu-locks" and settings.gpu_probe.startswith("file:")
+        (engine,) = settings.engines
+        assert engine.name == role and engine.gpus == (0,) and engine.footprint_gib is not None

@@ -17,9 +17,13 @@ PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 
 
 def pod_spec(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
-    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    (spec,) = pod_specs(documents)
     return spec
+
+
+def pod_specs(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod template of each Deployment (podman plays each as a pod, `<name>-pod-0`)."""
+    return [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "Deployment"]
 
 
 def sidecar_as_container(spec: dict[str, Any]) -> list[str]:
@@ -81,10 +85,42 @@ def drop_container_ports(spec: dict[str, Any]) -> list[str]:
     return changes
 
 
+def drop_resource_claims(documents: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """podman 4.3 knows no Dynamic Resource Allocation: a pod's `resourceClaims`, the containers' `claims` and
+    the ResourceClaim objects go (the pods that named one claim share a simulated GPU file instead)."""
+    changes = []
+    if spec.pop("resourceClaims", None):
+        changes.append("resourceClaims dropped")
+    for container in spec["containers"] + spec.get("initContainers", []):
+        if container.get("resources", {}).pop("claims", None):
+            changes.append(f"{container['name']}: resources.claims dropped")
+    claims = [d for d in documents if d["apiVersion"].startswith("resource.k8s.io/")]
+    for claim in claims:
+        documents.remove(claim)
+        changes.append(f"{claim['kind']} {claim['metadata']['name']} not played")
+    return changes
+
+
+def keep_init_containers(deployment: dict[str, Any]) -> list[str]:
+    """podman 4.3 removes an init container of type `once` (its default) when it exits, and can race with that
+    exit: "failed to remove once init container ...: cannot remove container ... as it is running" (measured
+    with the shared-gpu-pods overlay's `gpu-lock-dir`). Type `always` keeps it, and it still runs to the end
+    before the others start."""
+    if not deployment["spec"]["template"]["spec"].get("initContainers"):
+        return []
+    # podman 4.3 reads it from the Deployment's own annotations, not its pod template's.
+    deployment["metadata"].setdefault("annotations", {})["io.podman.annotations.init.container.type"] = "always"
+    return [f"{deployment['metadata']['name']}: init containers of type always"]
+
+
 def for_podman(documents: list[dict[str, Any]], keep_sidecar: bool = False) -> list[str]:
-    spec = pod_spec(documents)
-    changes = [] if keep_sidecar else sidecar_as_container(spec)
-    return changes + expand_dependent_env(spec) + drop_container_ports(spec)
+    changes = []
+    for deployment in [d for d in documents if d["kind"] == "Deployment"]:
+        spec = deployment["spec"]["template"]["spec"]
+        changes += [] if keep_sidecar else sidecar_as_container(spec)
+        changes += expand_dependent_env(spec) + drop_container_ports(spec) + drop_resource_claims(documents, spec)
+        changes += keep_init_containers(deployment)
+    return changes
 
 
 def main(argv: list[str]) -> int:

@@ -122,3 +122,29 @@ async def test_two_wakes_at_once_on_a_full_device_take_their_memory_in_the_locke
     assert statuses == [200, 500]
     assert _document(gpu)["used_bytes"] == 52 * GIB
     assert sums and max(sums) <= 80 * GIB
+
+
+async def test_devices_are_named_by_uuid_and_an_engine_on_two_takes_a_share_of_each(
+    make_sim: SimFactory, tmp_path: Path
+) -> None:
+    """The devices as NVML names them, so that several proxies' `gpu_lock_dir` lock files (named by UUID) are
+    the same for one device; an engine on two GPUs (tensor parallel) takes half its use on each, and its wake
+    fits only where both have room."""
+    gpu = tmp_path / "gpu.json"
+    both = await make_sim(model="x", gpu_file=gpu, gpu_file_engine="x", gpu_uuids=("GPU-sim-0", "GPU-sim-1"), **SIZES)
+    await both.api.sleep(1)  # 2 GiB: 1 on each
+    bigger = {**SIZES, "kv_gib": 42}  # 60 GiB awake
+    await make_sim(model="y", gpu_file=gpu, gpu_file_engine="y", gpu_uuids=("GPU-sim-1",), **bigger)
+    document = _document(gpu)
+    assert document["devices"] == [
+        {"index": 0, "uuid": "GPU-sim-0", "used_bytes": 1 * GIB, "total_bytes": 80 * GIB},
+        {"index": 1, "uuid": "GPU-sim-1", "used_bytes": 61 * GIB, "total_bytes": 80 * GIB},
+    ]
+    assert document["used_bytes"] == 62 * GIB and document["total_bytes"] == 160 * GIB
+    engines = document["engines"]
+    assert isinstance(engines, dict)
+    assert [d["used_bytes"] for d in engines["x"]["devices"]] == [1 * GIB, 1 * GIB]
+    # Awake it takes 25 GiB on each: 60 + 25 > 80 on GPU-sim-1, though GPU-sim-0 has room.
+    refused = await both.api.wake()
+    assert refused.status == 500 and "out of memory" in json.dumps(refused.body)
+    assert _document(gpu)["used_bytes"] == 62 * GIB

@@ -46,6 +46,7 @@ class FakeNvml:
         monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", self.by_index)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByUUID", self.by_uuid)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", self.memory)
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", self.uuid)
 
     def _maybe_fail(self, name: str) -> None:
         code = self.fail.pop(name, None)
@@ -71,6 +72,10 @@ class FakeNvml:
         if uuid not in self.uuids:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return self.uuids.index(uuid)
+
+    def uuid(self, handle: int) -> bytes:
+        self._maybe_fail("uuid")
+        return self.uuids[handle].encode()  # older nvidia-ml-py answers bytes
 
     def memory(self, handle: int, version: Any = None) -> SimpleNamespace:
         self._maybe_fail("memory")

@@ -76,6 +76,8 @@ EXPECTED_FAMILIES = {
     "lifeguard_proxy_errors": "counter",
     "lifeguard_swaps": "counter",
     "lifeguard_swap_duration_seconds": "histogram",
+    "lifeguard_gpu_lock_waits": "counter",
+    "lifeguard_gpu_lock_wait_seconds": "histogram",
 }
 
 
@@ -262,3 +264,24 @@ def test_swap_series_exist_at_zero_for_every_engine_and_count_each_swap(registry
     assert registry.get_sample_value("lifeguard_swap_duration_seconds_count", {"engine": "judge"}) == 1
     with pytest.raises(KeyError):
         whole.swap_finished("judge", "maybe", 0.0)
+
+
+def test_gpu_lock_waits_exist_at_zero_for_every_engine_and_time_only_the_waits_that_took_the_lock(
+    registry: CollectorRegistry,
+) -> None:
+    from proxy.gpu_lock import WAIT_OUTCOMES
+
+    assert m.GPU_LOCK_OUTCOMES == WAIT_OUTCOMES
+    whole = family(registry)
+    for engine in ENGINES:
+        for outcome in m.GPU_LOCK_OUTCOMES:
+            assert value(registry, "lifeguard_gpu_lock_waits_total", engine=engine, outcome=outcome) == 0
+        assert value(registry, "lifeguard_gpu_lock_wait_seconds_count", engine=engine) == 0
+    whole.gpu_lock_waited("judge", "waited", 2.5)
+    whole.gpu_lock_waited("judge", "busy", 60.0)
+    assert value(registry, "lifeguard_gpu_lock_waits_total", engine="judge", outcome="waited") == 1
+    assert value(registry, "lifeguard_gpu_lock_waits_total", engine="judge", outcome="busy") == 1
+    assert value(registry, "lifeguard_gpu_lock_wait_seconds_count", engine="judge") == 1
+    assert value(registry, "lifeguard_gpu_lock_wait_seconds_sum", engine="judge") == 2.5
+    with pytest.raises(KeyError):
+        whole.gpu_lock_waited("judge", "maybe", 0.0)

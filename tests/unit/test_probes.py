@@ -13,6 +13,7 @@ import pytest
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
+from proxy.footprint import Footprint
 from proxy.gpu import DeviceMemory, GpuReading
 from proxy.observation import Observation
 from proxy.probes import Expectation, MemoryChange, Verdict, Verifier
@@ -241,6 +242,20 @@ async def test_a_partial_wake_must_add_memory_back() -> None:
 
     assert results(passed)["memory"] == "pass"
     assert failed.failed is not None and "did not come back" in failed.failed.detail
+
+
+async def test_before_the_engine_was_seen_awake_its_configured_footprint_is_the_scale() -> None:
+    """Found by `make chaos-pods`: a proxy restarted beside a sleeping engine had no awake reading, so the memory
+    check of a partial wake was "unknown" and a `lie-asleep` wake of the weights passed (then /update_weights
+    reached an engine whose weights slept). Its footprint_gib is the scale until it is seen awake."""
+    configured = {"footprint": Footprint(50.0)}
+    flat, _, _ = verifier(FakeClient([ASLEEP]), [used(2)])
+    flat.footprint = configured["footprint"]
+    failed = await flat.verify(Expectation(sleeping=True, memory=MemoryChange.PART_RESTORED), memory_before=used(2))
+    assert failed.failed is not None and "did not come back" in failed.failed.detail
+    unknown, _, _ = verifier(FakeClient([ASLEEP]), [used(2)])  # no footprint at all: cannot say
+    verdict = await unknown.verify(Expectation(sleeping=True, memory=MemoryChange.PART_RESTORED), memory_before=used(2))
+    assert results(verdict)["memory"] == "unavailable" and verdict.failed is None
 
 
 async def test_weights_only_wake_without_a_reading_before_is_unavailable_not_failed() -> None:

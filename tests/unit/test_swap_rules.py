@@ -240,3 +240,18 @@ def test_a_refusal_names_each_engine_that_stays_and_why() -> None:
     assert "z" not in plan.why  # asleep: holds nothing worth naming
     # Serving, or with requests held for it, is no reason to stay: it is drained and put to sleep.
     assert plan_room((0,), None, {0: 28 * GIB}, [_n("s", inflight=3, held=1)]) == Evict("s")
+
+
+def test_memory_no_engine_of_this_proxy_holds_is_named_as_held_outside_it() -> None:
+    """Several pods on one GPU (gpu_lock_dir): the device's free memory counts another pod's engine, which this
+    proxy cannot put to sleep; the refusal says so rather than blame an engine of its own."""
+    asleep = _n("mine-asleep", residency=Residency.ASLEEP)
+    plan = plan_room((0,), 48 * GIB, {0: 28 * GIB}, [asleep])
+    assert isinstance(plan, NoRoom)
+    assert plan.why == (
+        "it needs 48.00 GiB on GPU 0, 28.00 GiB is free, and the rest is memory held outside this proxy (another "
+        "pod's engine, or another process on that GPU), which this lifeguard cannot put to sleep"
+    )
+    pinned = _n("mine-pinned", pinned=True)
+    plan = plan_room((0,), 48 * GIB, {0: 28 * GIB}, [pinned])
+    assert isinstance(plan, NoRoom) and "no engine there may be put to sleep (mine-pinned (pinned))" in plan.why

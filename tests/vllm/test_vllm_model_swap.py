@@ -11,13 +11,22 @@ arbiter's rule for unknown memory applies (swap_rules.plan_room): every engine o
 put to sleep, each sleep verified, before the wake. That is the "only one fits" case, and it asks nothing of
 CPU memory. What is read here comes from each vLLM directly: ``/is_sleeping`` (exactly one awake after each
 swap), its sleep and wake counters, and its request counters (a sleeping engine got no request).
+
+The same two vLLMs then stand for two pods on one GPU node (docs/gpu-sharing-across-pods.md): each behind its
+own lifeguard, the two lifeguards sharing nothing but one ``gpu_lock_dir``. A CPU has no NVML, so the GPU is
+named by ``gpu_devices`` (a UUID) and admission has no device reading: the lock serializes the wakes, and
+whether a wake fits follows the known footprints of each proxy's own engines only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,3 +228,90 @@ async def test_mixed_traffic_over_two_real_vllms_is_all_answered_each_swap_a_ver
             assert engine["last_verification"]["passed"], engine["last_verification"]
     finally:
         proxy.stop()
+
+
+@pytest.fixture
+def pod_proxies(engines: dict[str, Any], tmp_path: Path) -> Iterator[tuple[dict[str, Proxy], Path]]:
+    """One lifeguard per vLLM, as one per pod, on one lock directory (the node's hostPath)."""
+    lock_dir = tmp_path / "gpu-locks"
+    lock_dir.mkdir()
+    proxies: dict[str, Proxy] = {}
+    try:
+        for name, server in engines.items():
+            config = tmp_path / f"lifeguard-{name}.yaml"
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "engines": [{"name": name, "upstream": server.url, "gpus": [0], "footprint_gib": 1}],
+                        "gpu_lock_dir": str(lock_dir),
+                        "gpu_devices": ["GPU-cpu-node-0"],  # no NVML to name it: Proxy runs --gpu-probe none
+                        "hold_timeout_s": 180,
+                        "lifecycle_queue_timeout_s": 180,
+                        "verify_timeout_s": 60,
+                        "canary_timeout_s": 60,
+                        "log_level": "info",
+                    }
+                )
+            )
+            proxies[name] = Proxy(port=free_port(), upstream="", log_path=tmp_path / f"proxy-{name}.log", config=config)
+            proxies[name].start(timeout=60)
+        yield proxies, lock_dir
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+
+
+async def test_two_lifeguards_on_one_lock_directory_serialize_racing_wakes_of_their_vllms(
+    engines: dict[str, Any], pod_proxies: tuple[dict[str, Proxy], Path], session: aiohttp.ClientSession
+) -> None:
+    """Both vLLMs asleep. The GPU is held by a third party on the node (a trainer's weight sync, as the test
+    takes the lock file itself); a wake sent to each lifeguard at once waits, nothing reaching either vLLM.
+    Let go, both wakes run, one after the other: the second waited for the first lifeguard's engine (its log
+    names it), and vLLM's own counters show one wake each."""
+    proxies, lock_dir = pod_proxies
+    for name, proxy in proxies.items():
+        status, body, _ = await post(session, proxy.url + "/sleep", params={"level": "1"})
+        assert status == 200, (name, body, proxy.log_tail())
+    assert await _awake(session, engines) == {"policy": False, "judge": False}
+    before = {name: await _books(session, server) for name, server in engines.items()}
+
+    lock_file = lock_dir / "GPU-cpu-node-0.lock"
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        holder = {"host": "trainer-pod", "pid": os.getpid(), "engine": "trainer", "op": "weight_sync",
+                  "since": time.time()}  # fmt: skip
+        os.write(fd, json.dumps(holder).encode())
+        racing = {
+            name: asyncio.ensure_future(post(session, proxy.url + "/wake_up", timeout=aiohttp.ClientTimeout(total=240)))
+            for name, proxy in proxies.items()
+        }
+        for name, proxy in proxies.items():
+            deadline = time.monotonic() + 60
+            while True:
+                state = await get_json(session, proxy.url + "/lifeguard/state")
+                queued = [t for t in state["swap_queue"] if t["op"] == "wake_up" and not t["running"]]
+                if queued and state["gpu_lock"]["gpus"]["0"]["holder"]["host"] == "trainer-pod":
+                    break
+                assert time.monotonic() < deadline, (name, state, proxy.log_tail())
+                await asyncio.sleep(0.1)
+        assert not any(f.done() for f in racing.values())
+        assert await _awake(session, engines) == {"policy": False, "judge": False}  # nothing reached vLLM
+    finally:
+        os.close(fd)  # the kernel lets the lock go with the descriptor
+    answers = {name: await future for name, future in racing.items()}
+    assert {name: status for name, (status, _, _) in answers.items()} == {"policy": 200, "judge": 200}, answers
+    assert await _awake(session, engines) == {"policy": True, "judge": True}
+    after = {name: await _books(session, server) for name, server in engines.items()}
+    assert all(after[n]["wakes"] == before[n]["wakes"] + 1 for n in engines), (before, after)
+
+    # Serialized: whichever went second waited for the first lifeguard's wake, and says so.
+    logs = {name: proxy.log_path.read_text(errors="replace") for name, proxy in proxies.items()}
+    second = [name for name, text in logs.items() if any(
+        "gpu_lock_waited" in line and f"engine {other} (wake_up)" in line
+        for other in proxies if other != name for line in text.splitlines())]  # fmt: skip
+    assert len(second) == 1, {name: [line for line in text.splitlines() if "gpu_lock_waited" in line]
+                              for name, text in logs.items()}  # fmt: skip
+    for name, proxy in proxies.items():
+        samples = parse_metrics(await (await session.get(proxy.url + "/lifeguard/metrics")).text())
+        assert metric(samples, "lifeguard_gpu_lock_waits_total", engine=name, outcome="waited") >= 1

@@ -1,0 +1,265 @@
+"""The GPU locks (proxy/gpu_lock.py): this proxy's per GPU and the node's (`gpu_lock_dir`), on real files with
+real `flock(2)`; one lifeguard of the node is a `NodeLocks` here, or a separate process where death matters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from proxy.config import Settings
+from proxy.errors import GpuLockUnavailable, LifecycleBusy
+from proxy.gpu import DeviceMemory, FileReader, GpuReading, NoGpuReader
+from proxy.gpu_lock import GpuLocks, GpuLockSetupError, GpuUuids, Holder, NodeLocks, open_node_locks, probe
+
+GIB = 1 << 30
+
+
+class Reading:
+    """A GPU reader that answers what the test says."""
+
+    def __init__(self, reading: GpuReading) -> None:
+        self.reading = reading
+        self.reads = 0
+
+    async def read(self) -> GpuReading:
+        self.reads += 1
+        return self.reading
+
+
+def devices(*uuids: str | None) -> GpuReading:
+    return GpuReading(devices=tuple(DeviceMemory(str(i), 0, 80 * GIB, uuid) for i, uuid in enumerate(uuids)))
+
+
+def lifeguard(directory: Path, host: str, *uuids: str) -> NodeLocks:
+    """One lifeguard of the node: its own view of the GPUs (index -> UUID) and the shared directory."""
+    return NodeLocks(directory, GpuUuids(Reading(devices(*uuids))), host=host)
+
+
+def deadline(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+async def test_a_second_lifeguard_waits_for_the_first_and_is_told_who_holds_the_gpu(tmp_path: Path) -> None:
+    first, second = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
+    held, contended = await first.take("a", "wake_up", (0,), deadline(1))
+    assert not contended
+    on_disk = Holder.parse((tmp_path / "GPU-x.lock").read_text())
+    assert on_disk is not None and (on_disk.host, on_disk.engine, on_disk.op) == ("pod-a", "a", "wake_up")
+
+    t0 = time.monotonic()
+    with pytest.raises(LifecycleBusy) as refused:
+        await second.take("b", "wake_up", (0,), deadline(0.3))
+    assert 0.3 <= time.monotonic() - t0 < 1.0
+    assert refused.value.status == 409
+    assert "GPU GPU-x" in refused.value.message and "engine a (wake_up)" in refused.value.message
+    assert "pod-a" in refused.value.message
+
+    first.release(held)
+    assert (tmp_path / "GPU-x.lock").read_text() == ""  # free: nobody named
+    taken, contended = await second.take("b", "wake_up", (0,), deadline(1))
+    assert not contended
+    second.release(taken)
+
+
+async def test_the_wait_ends_as_soon_as_the_holder_lets_go_and_is_logged_with_its_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
+    held, _ = await first.take("a", "collective_rpc", (0,), deadline(1))
+    asyncio.get_running_loop().call_later(0.2, first.release, held)
+    caplog.set_level(logging.INFO, "lifeguard.gpu_lock")
+    t0 = time.monotonic()
+    taken, contended = await second.take("b", "wake_up", (0,), deadline(5))
+    assert contended and 0.15 < time.monotonic() - t0 < 1.5
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "gpu_lock_waited"]
+    assert "wake_up of b waited" in line.getMessage() and "engine a (collective_rpc)" in line.getMessage()
+    assert line.holders == ["pod-a"]  # type: ignore[attr-defined]
+    second.release(taken)
+
+
+async def test_a_holder_killed_9_frees_the_gpu_at_once_and_its_stale_name_is_not_reported(tmp_path: Path) -> None:
+    """The kernel releases a dead process's flock: no lease to expire. The file still says who held it; a
+    probe that finds the lock free does not believe it."""
+    lock = tmp_path / "GPU-x.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, json, os, sys, time\n"
+         f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o666)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, json.dumps({'host': 'pod-dead', 'pid': os.getpid(), 'engine': 'z', 'op': 'wake_up',"
+         " 'since': time.time()}).encode())\n"
+         "print('held', flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        held, named = probe(lock)
+        assert held and named is not None and named.host == "pod-dead"
+        waiter = lifeguard(tmp_path, "pod-b", "GPU-x")
+        take = asyncio.create_task(waiter.take("b", "wake_up", (0,), deadline(10)))
+        await asyncio.sleep(0.2)
+        assert not take.done()
+        os.kill(holder.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        taken, contended = await asyncio.wait_for(take, 5)
+        assert contended and time.monotonic() - killed < 1.0
+        waiter.release(taken)
+        assert "pod-dead" in lock.read_text() or lock.read_text() == ""
+        assert probe(lock) == (False, None)
+    finally:
+        holder.kill()
+        holder.wait(5)
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
+async def test_several_gpus_are_taken_in_uuid_order_not_index_order(tmp_path: Path) -> None:
+    """Index 0 is GPU-b and index 1 GPU-a for this lifeguard: it takes GPU-a first, and while it waits for GPU-a
+    it holds nothing, so another lifeguard can still take GPU-b (index order would have it hold GPU-b while
+    waiting: two pods each taking two GPUs could then deadlock)."""
+    holder_a = lifeguard(tmp_path, "pod-1", "GPU-a")
+    both = lifeguard(tmp_path, "pod-2", "GPU-b", "GPU-a")
+    on_b = lifeguard(tmp_path, "pod-3", "GPU-b")
+    held_a, _ = await holder_a.take("one", "wake_up", (0,), deadline(1))
+    taking = asyncio.create_task(both.take("two", "wake_up", (0, 1), deadline(5)))
+    await asyncio.sleep(0.1)
+    held_b, contended = await on_b.take("three", "wake_up", (0,), deadline(0.5))
+    assert not contended and not taking.done()
+    on_b.release(held_b)
+    holder_a.release(held_a)
+    taken, _ = await asyncio.wait_for(taking, 5)
+    assert [lock.path.name for lock in taken] == ["GPU-a.lock", "GPU-b.lock"]
+    snapshot = await both.snapshot((0, 1))
+    assert snapshot["gpus"]["0"]["uuid"] == "GPU-b" and snapshot["gpus"]["0"]["held_here"] is True
+    assert snapshot["gpus"]["1"]["holder"]["engine"] == "two"
+    both.release(taken)
+    assert (await both.snapshot((0, 1)))["gpus"]["1"] == {
+        "uuid": "GPU-a",
+        "held": False,
+        "holder": None,
+        "held_here": False,
+    }
+
+
+async def test_the_state_names_another_lifeguards_hold(tmp_path: Path) -> None:
+    mine, theirs = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
+    held, _ = await theirs.take("b", "release_kv_cache_memory", (0,), deadline(1))
+    shown = await mine.snapshot((0,))
+    assert shown["host"] == "pod-a" and shown["dir"] == str(tmp_path)
+    gpu = shown["gpus"]["0"]
+    assert gpu["held"] is True and gpu["held_here"] is False
+    assert (gpu["holder"]["host"], gpu["holder"]["op"]) == ("pod-b", "release_kv_cache_memory")
+    assert gpu["holder"]["for_s"] >= 0
+    theirs.release(held)
+
+
+async def test_one_deadline_covers_this_proxys_lock_and_the_nodes(tmp_path: Path) -> None:
+    waits: list[tuple[str, str, float]] = []
+    node = lifeguard(tmp_path, "pod-a", "GPU-x")
+    other = lifeguard(tmp_path, "pod-b", "GPU-x")
+    locks = GpuLocks(0.5, node, on_wait=lambda engine, outcome, s: waits.append((engine, outcome, s)))
+    async with locks.hold("a", "wake_up", (0,)):
+        # Another engine of this proxy waits on this proxy's lock first...
+        with pytest.raises(LifecycleBusy, match="stayed busy with other engines"):
+            async with locks.hold("a2", "wake_up", (0,)):
+                pass
+    held, _ = await other.take("b", "wake_up", (0,), deadline(5))
+    t0 = time.monotonic()
+    with pytest.raises(LifecycleBusy, match="pod-b"):  # ...then on the node's, within the same 0.5 s
+        async with locks.hold("a", "wake_up", (0,)):
+            pass
+    assert time.monotonic() - t0 < 1.0
+    other.release(held)
+    async with locks.hold("a", "collective_rpc", (0,)):
+        assert probe(tmp_path / "GPU-x.lock")[0]
+    assert not probe(tmp_path / "GPU-x.lock")[0]
+    outcomes = [(engine, outcome) for engine, outcome, _ in waits]
+    assert outcomes == [("a", "free"), ("a2", "busy"), ("a", "busy"), ("a", "free")]
+
+
+async def test_a_gpu_whose_uuid_is_not_known_yet_is_refused_503_and_learnt_once_the_probe_names_it(
+    tmp_path: Path,
+) -> None:
+    reader = Reading(GpuReading(unavailable="cannot read gpu.json: No such file"))
+    locks = GpuLocks(1.0, NodeLocks(tmp_path, GpuUuids(reader), host="pod-a"))
+    with pytest.raises(GpuLockUnavailable) as refused:
+        async with locks.hold("a", "wake_up", (0,)):
+            pass
+    assert refused.value.status == 503 and "No such file" in refused.value.message
+    reader.reading = devices("GPU-x")
+    async with locks.hold("a", "wake_up", (0,)):
+        assert (tmp_path / "GPU-x.lock").exists()
+    reads = reader.reads
+    async with locks.hold("a", "wake_up", (0,)):
+        pass
+    assert reader.reads == reads  # learnt: not read again
+
+
+def test_uuids_come_from_gpu_devices_where_they_name_one_else_from_the_reading() -> None:
+    uuids = GpuUuids(NoGpuReader(), ("GPU-conf-0", "1"))
+    assert uuids.learn((0, 1), devices("GPU-read-0", "GPU-read-1")) == []
+    assert uuids.known == {0: "GPU-conf-0", 1: "GPU-read-1"}
+    missing = GpuUuids(NoGpuReader()).learn((0, 1, 2), devices("GPU-a", None))
+    assert missing == ["GPU 1: the probe names no UUID for it", "GPU 2: the probe sees 2 device(s)"]
+
+
+# ----- at start: said plainly
+
+
+async def test_a_missing_or_unwritable_lock_directory_stops_the_start(tmp_path: Path) -> None:
+    reader = Reading(devices("GPU-x"))
+    with pytest.raises(GpuLockSetupError, match="does not exist: it must be a directory shared"):
+        await open_node_locks(str(tmp_path / "nope"), reader, "nvml", (), (0,))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(GpuLockSetupError, match="is not a directory"):
+        await open_node_locks(str(tmp_path / "file"), reader, "nvml", (), (0,))
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o555)
+    # root writes through the mode bits: /proc is a directory nobody can create files in.
+    unwritable = "/proc" if os.geteuid() == 0 else str(read_only)
+    with pytest.raises(GpuLockSetupError, match="is not writable by this proxy"):
+        await open_node_locks(unwritable, reader, "nvml", (), (0,))
+    assert await open_node_locks(None, reader, "nvml", (), (0,)) is None
+
+
+async def test_a_probe_that_cannot_name_the_gpus_stops_the_start(tmp_path: Path) -> None:
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text(json.dumps({"devices": [{"index": 0, "used_bytes": 0, "total_bytes": 80 * GIB}]}))
+    with pytest.raises(GpuLockSetupError, match=r"file:.*GPU 0: the probe names no UUID for it"):
+        await open_node_locks(str(tmp_path), FileReader(gpu_file), f"file:{gpu_file}", (), (0,))
+    no_nvml = Reading(GpuReading(unavailable="NVML: NVML Shared Library Not Found"))
+    with pytest.raises(GpuLockSetupError, match="Shared Library Not Found.*set gpu_devices to the GPUs' UUIDs"):
+        await open_node_locks(str(tmp_path), no_nvml, "nvml", (), (0,))
+    # ...unless gpu_devices names them (a machine without NVML, as vLLM-for-CPU's).
+    named = await open_node_locks(str(tmp_path), no_nvml, "nvml", ("GPU-cpu-0",), (0,))
+    assert named is not None and named.uuids.known == {0: "GPU-cpu-0"}
+
+
+async def test_a_file_probe_not_written_yet_is_a_warning_not_a_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On Kubernetes the GPU reporter starts in the vLLM container, after the sidecar."""
+    gpu_file = tmp_path / "gpu.json"
+    node = await open_node_locks(str(tmp_path), FileReader(gpu_file), f"file:{gpu_file}", (), (0,))
+    assert node is not None and node.uuids.known == {}
+    assert any(getattr(r, "event", None) == "gpu_lock_uuids_unknown" for r in caplog.records)
+
+
+def test_gpu_lock_dir_with_the_none_probe_and_no_uuids_is_refused_in_the_settings() -> None:
+    with pytest.raises(ValidationError, match="gpu_probe none reads no UUID"):
+        Settings(upstream="http://127.0.0.1:1", gpu_lock_dir="/run/locks", gpu_probe="none")
+    with pytest.raises(ValidationError, match="must be an absolute path"):
+        Settings(upstream="http://127.0.0.1:1", gpu_lock_dir="locks")
+    ok = Settings(upstream="http://127.0.0.1:1", gpu_lock_dir="/run/locks", gpu_probe="none", gpu_devices="GPU-a")
+    assert ok.gpu_lock_dir == "/run/locks" and ok.gpu_devices == ("GPU-a",)
