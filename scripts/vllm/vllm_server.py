@@ -126,6 +126,11 @@ class VllmServer:
             "--max-model-len",
             "16384",
             "--enforce-eager",
+            # On a CPU with AMX, bf16 makes vLLM pick its AMX attention kernel (vllm/v1/attention/backends/
+            # cpu_attn.py `_get_attn_isa`), and a fresh server's worker dies of SIGILL (exit -4) on a first short
+            # prompt there: float32 takes the vector path on every x86 CPU.
+            "--dtype",
+            "float32",
             "--enable-server-load-tracking",
             "--enable-prompt-tokens-details",
             *self.extra_args,
