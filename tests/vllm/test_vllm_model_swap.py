@@ -24,6 +24,7 @@ import asyncio
 import fcntl
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -63,8 +64,8 @@ def engines(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         judge.stop()
 
 
-@pytest.fixture
-def swap_proxy(engines: dict[str, Any], tmp_path: Path) -> Iterator[Proxy]:
+def _start_swap_proxy(engines: dict[str, Any], tmp_path: Path, **settings: Any) -> Proxy:
+    """One lifeguard of `engines:` in front of the real vLLMs, `settings` added to its configuration."""
     config = tmp_path / "lifeguard.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -76,11 +77,18 @@ def swap_proxy(engines: dict[str, Any], tmp_path: Path) -> Iterator[Proxy]:
                 "lifecycle_queue_timeout_s": 180,
                 "verify_timeout_s": 60,
                 "canary_timeout_s": 60,
+                **settings,
             }
         )
     )
     proxy = Proxy(port=free_port(), upstream="", log_path=tmp_path / "proxy.log", config=config)
     proxy.start(timeout=60)
+    return proxy
+
+
+@pytest.fixture
+def swap_proxy(engines: dict[str, Any], tmp_path: Path) -> Iterator[Proxy]:
+    proxy = _start_swap_proxy(engines, tmp_path)
     try:
         yield proxy
     finally:
@@ -170,25 +178,8 @@ async def test_mixed_traffic_over_two_real_vllms_is_all_answered_each_swap_a_ver
     """Clients ask for both models at once, at random, with the default drain: every request is answered 200
     (none refused because the other engine was busy), and each swap is a sleep then a wake, verified, as vLLM's
     own counters show."""
-    import asyncio
-    import random
-
-    config = tmp_path / "mixed.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "engines": [{"name": name, "upstream": server.url, "gpus": [0]} for name, server in engines.items()],
-                "gpu_probe": "none",
-                "swap_quantum_s": 2,  # the default is 10 s: short here to see several turns in one test
-                "hold_timeout_s": 180,
-                "lifecycle_queue_timeout_s": 180,
-                "verify_timeout_s": 60,
-                "canary_timeout_s": 60,
-            }
-        )
-    )
-    proxy = Proxy(port=free_port(), upstream="", log_path=tmp_path / "proxy.log", config=config)
-    proxy.start(timeout=60)
+    # The default turn is 10 s: short here to see several turns in one test.
+    proxy = _start_swap_proxy(engines, tmp_path, swap_quantum_s=2)
     try:
         status, body, _ = await post(session, proxy.url + "/engines/judge/sleep", params={"level": "1"})
         assert status == 200, body
