@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -219,8 +220,23 @@ def podman_readiness() -> dict[str, str]:
         "pod": podman("pod", "inspect", POD, "--format", "{{.State}}").stdout.strip(),
         "sidecar": inspect(SIDECAR, "{{.State.Status}}"),
         "sidecar_health": inspect(SIDECAR, "{{.State.Health.Status}}"),
-        "ps": podman("ps", "--filter", f"name={SIDECAR}", "--format", "{{.Status}}").stdout.strip(),
+        "ps": ps_status_without_uptime(podman("ps", "--filter", f"name={SIDECAR}", "--format", "{{.Status}}").stdout),
     }
+
+
+def ps_status_without_uptime(status: str) -> str:
+    """`podman ps` says 'Up 53 seconds ago (starting)': the uptime moves every second whatever the engine
+    does, so only the words after it (the health in brackets) can stand for readiness."""
+    return re.sub(r"^Up .*? ago\b\s*", "Up ", status.strip()).strip()
+
+
+def test_podman_uptime_is_not_taken_for_a_change_of_readiness() -> None:
+    """Regression (CI of 2026-12-04): podman's view was compared with its uptime in it, 'Up 53 seconds ago
+    (starting)' against 'Up 54 seconds ago (starting)', and failed with nothing changed but the clock."""
+    assert ps_status_without_uptime("Up 53 seconds ago (starting)\n") == "Up (starting)"
+    assert ps_status_without_uptime("Up About a minute ago (healthy)") == "Up (healthy)"
+    assert ps_status_without_uptime("Up 2 minutes ago") == "Up"
+    assert ps_status_without_uptime("Exited (0) 3 seconds ago") == "Exited (0) 3 seconds ago"
 
 
 def test_the_gpu_reporter_file_path(pod: Client) -> None:
