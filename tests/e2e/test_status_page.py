@@ -129,9 +129,12 @@ async def test_status_of_several_engines_shows_each_the_gpu_and_the_queue(
 
 async def test_status_watch_redraws_until_interrupted(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack()
+    # Ctrl-C as a terminal sends it, whatever this test inherited: a shell that starts a job in the background
+    # (`.ci/run &`) leaves SIGINT ignored in it and every child, and Python then raises no KeyboardInterrupt.
     proc = await asyncio.create_subprocess_exec(
-        str(BIN), "status", base_url(stack), "--watch", "--interval", "0.2", stdout=asyncio.subprocess.PIPE
-    )
+        str(BIN), "status", base_url(stack), "--watch", "--interval", "0.2", stdout=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     assert proc.stdout is not None
     frames = 0
     deadline = time.monotonic() + 20
