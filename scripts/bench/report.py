@@ -129,6 +129,18 @@ def fixed_rows(fixed: dict[str, Any], conns: list[int]) -> list[list[str]]:
         cpu = {path: r["cpu_us_per_req"] for path, r in runs.items() if path != "direct"}
         judged = judge("cpu_vs_envoy@64", ratio(cpu["lifeguard"], cpu.get("envoy", math.nan))) if c == 64 else NO_TARGET
         rows.append(compare(f"proxy CPU per request, {c} conn", cpu, "us", True, judged))
+        nginx_cpu = cpu.get("nginx", math.nan)
+        if c == 64:
+            rows.append(lifeguard_only("… lifeguard ÷ nginx, CPU per request, 64 conn",
+                                       fmt(ratio(cpu["lifeguard"], nginx_cpu), "x"),
+                                       judge("cpu_vs_nginx@64", ratio(cpu["lifeguard"], nginx_cpu))))  # fmt: skip
+        if c == 64 and "lifeguard-2e" in runs:
+            two_rps = ratio(rps["lifeguard-2e"], rps.get("nginx", math.nan))
+            two_cpu = ratio(cpu["lifeguard-2e"], nginx_cpu)
+            rows.append(lifeguard_only("… two engines ÷ nginx, req/s, 64 conn", fmt(two_rps, "x"),
+                                       judge("rps_2e_vs_nginx@64", two_rps)))  # fmt: skip
+            rows.append(lifeguard_only("… two engines ÷ nginx, CPU per request, 64 conn", fmt(two_cpu, "x"),
+                                       judge("cpu_2e_vs_nginx@64", two_cpu)))  # fmt: skip
         two = ratio(cpu.get("lifeguard-2e", math.nan), cpu["lifeguard"])
         if measured(two):
             judged = judge("cpu_2e_vs_1e@64", two) if c == 64 else NO_TARGET
@@ -168,13 +180,13 @@ def sse_rows(sse: dict[str, Any], streams_list: list[int], rate: float) -> list[
             rows.append(compare(f"SSE per-event {q} latency, {s} streams, paced", ms, "ms", True))
         ready = {path: r["ready_ms"] for path, r in runs.items() if "ready_ms" in r}
         if "lifeguard" in ready:
-            judged = (
-                judge("sse_burst_vs_nginx", ratio(ready["lifeguard"], ready.get("nginx", math.nan)))
-                if s >= 512
-                else NO_TARGET
-            )
-            figure = f"SSE: {s} streams opened at once → every one delivering, paced"
-            rows.append(compare(figure, ready, "ms", True, judged))
+            rows.append(compare(f"SSE: {s} streams opened at once → every one delivering, paced (median)", ready,
+                                "ms", True))  # fmt: skip
+        burst = sse.get(f"burst@{s}") or {}
+        if burst:
+            figure = f"… lifeguard ÷ nginx, {s} streams at once → all delivering, worst / best of {burst['runs']:g}"
+            judged = judge("sse_burst_vs_nginx", burst["worst"]) if s >= 512 else NO_TARGET
+            rows.append(lifeguard_only(figure, f"{fmt(burst['worst'], 'x')} / {fmt(burst['best'], 'x')}", judged))
     return rows
 
 
@@ -258,7 +270,7 @@ def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace)
     cols = ["real vLLM, max_tokens=1", "direct req/s"]
     for _, plane in planes:
         cols += [f"lifeguard {plane} req/s (÷ direct)", f"{plane}: proxy CPU/request", f"{plane}: p50 added"]
-    cols += ["vLLM API server CPU/request (direct)", "target", ""]
+    cols += ["vLLM API server CPU/request (direct)", "lifeguard ÷ direct per run: median (min–max)", "target", ""]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for c in conns:
         direct = vllm.get(f"direct@{c}")
@@ -273,8 +285,10 @@ def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace)
             row.append(f"{fmt(r['rps'])} ({fmt(ratio(r['rps'], direct['rps']), 'x')})")
             row += [fmt(r["cpu_us_per_req"], "us"), delta((r["p50_us"] - direct["p50_us"]) / 1000)]
         row.append(fmt(direct["vllm_api_cpu_us_per_req"], "us"))
-        lg = vllm.get(f"lifeguard@{c}")
-        row += judge("vllm_rps_vs_direct", ratio(lg["rps"], direct["rps"])) if lg else NO_TARGET
+        spread = vllm.get(f"spread@{c}") or {}
+        low, high = fmt(spread.get("min"), "x"), fmt(spread.get("max"), "x")
+        row.append(f"{fmt(spread['median'], 'x')} ({low}–{high})" if spread else "-")
+        row += judge("vllm_rps_vs_direct", spread["median"]) if spread else NO_TARGET
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

@@ -189,4 +189,16 @@ async def bench_sse(rig: Rig, streams_list: tuple[int, ...], rate: float, second
                     f"ready {r['ready_ms']:.0f} ms)"
                 )
     await rig.stop_lifeguard()
-    return {key: median_dict(v) for key, v in runs.items()}
+    result: dict[str, Any] = {key: median_dict(v) for key, v in runs.items()}
+    for streams in streams_list:
+        result[f"burst@{streams}"] = burst_ratios(runs.get(f"lifeguard@{streams}"), runs.get(f"nginx@{streams}"))
+    return result
+
+
+def burst_ratios(lifeguard: list[dict[str, float]] | None, nginx: list[dict[str, float]] | None) -> dict[str, float]:
+    """A burst of streams, every one delivering: lifeguard's time ÷ nginx's in each repetition (the two ran
+    back to back in it), judged on the worst repetition, not the median."""
+    if not lifeguard or not nginx:
+        return {}
+    ratios = [lg["ready_ms"] / ng["ready_ms"] for lg, ng in zip(lifeguard, nginx, strict=True) if ng["ready_ms"] > 0]
+    return {"worst": max(ratios), "best": min(ratios), "runs": len(ratios)} if ratios else {}
