@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 from importlib.metadata import PathDistribution
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,18 @@ class ReloadFromCheckpoint:
     skyrl_force_disable_expandable_segments = False
     skyrl_empty_cache_after_send = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, go: threading.Event | None = None) -> None:
+        """`go`: the push waits for it (at most 60 s), so that a test sees the engine paused for as long as it
+        needs; a tiny model's reload takes milliseconds."""
         self.url = url
         self.sent = 0
+        self._go = go
 
     def send_weights(self) -> None:
         import requests
 
+        if self._go is not None:
+            assert self._go.wait(60), "the test never let the weight push go"
         response = requests.post(
             f"{self.url}/collective_rpc", json={"method": "reload_weights"}, headers={"Connection": "close"}, timeout=60
         )
@@ -82,14 +88,16 @@ class ReloadFromCheckpoint:
         self.sent += 1
 
 
-def driver(side: Any, skyrl: Any, url: str, *, colocate_all: bool) -> tuple[Any, Any, ReloadFromCheckpoint]:
+def driver(
+    side: Any, skyrl: Any, url: str, *, colocate_all: bool, go: threading.Event | None = None
+) -> tuple[Any, Any, ReloadFromCheckpoint]:
     from clients.skyrl_trainer import PolicyActorGroup, config
 
     def client() -> Any:
         return skyrl.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1, model_name=MODEL)
 
     cfg = config(colocate_all=colocate_all, backend="nccl")
-    engine = ReloadFromCheckpoint(url)
+    engine = ReloadFromCheckpoint(url, go=go)
     engine_client = client()
     dispatch = side.worker_dispatch(
         cfg, PolicyActorGroup(side, cfg, engine, client), inference_engine_client=engine_client
@@ -167,11 +175,16 @@ async def test_skyrl_0_4_non_colocated_pause_reload_resume_freezes_and_holds_rol
     side: Any, proxy: Any, vllm_server: Any, session: aiohttp.ClientSession
 ) -> None:
     skyrl = stand_ins.skyrl_remote_inference_client(stand_ins.client_site())
-    dispatch, engine_client, engine = driver(side, skyrl, proxy.url, colocate_all=False)
+    # The push waits until the late rollout is seen held: without that, the pause of a tiny model's reload
+    # could end before the rollout was sent (CI rehearsal 2026-12-06: paused for 60 ms, failed twice).
+    go = threading.Event()
+    dispatch, engine_client, engine = driver(side, skyrl, proxy.url, colocate_all=False, go=go)
     async with skyrl.RemoteInferenceClient(
         proxy_url=proxy.url, server_urls=[proxy.url], data_parallel_size=1, model_name=MODEL
     ) as generator:
-        in_flight = asyncio.ensure_future(rollout(generator, max_tokens=400))  # frozen by the keep pause
+        # Frozen by the keep pause. Long enough to be seen running: the tiny model wrote 400 tokens between two
+        # polls of vLLM's /load (CI rehearsal 2026-12-06), and the wait below timed out on a rollout already done.
+        in_flight = asyncio.ensure_future(rollout(generator, max_tokens=3000))
 
         async def step() -> None:
             async with engine_client:
@@ -182,7 +195,10 @@ async def test_skyrl_0_4_non_colocated_pause_reload_resume_freezes_and_holds_rol
         trainer = asyncio.ensure_future(in_trainer(session, proxy.url, step()))
         await wait_state(session, proxy.url, "PAUSED")
         late = asyncio.ensure_future(rollout(generator))
-        await wait_held(session, proxy.url, 1)
+        try:
+            await wait_held(session, proxy.url, 1)
+        finally:
+            go.set()
         await trainer
         await asyncio.wait_for(asyncio.gather(in_flight, late), 120)
     assert engine.sent == 1
