@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import openai
 import pytest
+from lifeguard_testing import client_timeout
 
 from clients.conftest import MODEL, Stack
 
@@ -42,7 +43,7 @@ async def test_completions_and_chat_streamed_and_not(make_stack: Callable[..., A
 async def test_a_request_during_sleep_is_answered_after_the_wake(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack()
     async with sdk(stack) as client:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(timeout=client_timeout()) as session:
             async with session.post(f"{stack.url}/sleep?level=1") as response:
                 assert response.status == 200
             held = asyncio.ensure_future(client.completions.create(model=MODEL, prompt="Count:", max_tokens=4))
@@ -56,7 +57,10 @@ async def test_a_request_during_sleep_is_answered_after_the_wake(make_stack: Cal
 
 async def test_a_hold_timeout_is_a_503_with_the_proxys_message(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(hold_timeout_s=0.5)
-    async with aiohttp.ClientSession() as session, session.post(f"{stack.url}/sleep?level=1") as response:
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout()) as session,
+        session.post(f"{stack.url}/sleep?level=1") as response,
+    ):
         assert response.status == 200
     async with sdk(stack) as client:
         with pytest.raises(openai.APIStatusError) as raised:
@@ -68,7 +72,7 @@ async def test_a_hold_timeout_is_a_503_with_the_proxys_message(make_stack: Calla
 
 async def test_a_failed_engine_is_a_503_naming_it(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(sim={"faults": ("wake_up:lie-memory",)}, verify_timeout_s=1.0)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=client_timeout()) as session:
         async with session.post(f"{stack.url}/sleep?level=1") as response:
             assert response.status == 200
         async with session.post(f"{stack.url}/wake_up") as response:
@@ -84,7 +88,10 @@ async def test_a_failed_engine_is_a_503_naming_it(make_stack: Callable[..., Awai
 
 async def test_the_sdks_retry_waits_out_retry_after(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(hold_timeout_s=0.3)
-    async with aiohttp.ClientSession() as session, session.post(f"{stack.url}/sleep?level=1") as response:
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout()) as session,
+        session.post(f"{stack.url}/sleep?level=1") as response,
+    ):
         assert response.status == 200
     arrivals: list[float] = []
     calls_before = len(stack.calls)

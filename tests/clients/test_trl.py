@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from lifeguard_testing import client_timeout
 
 from clients.conftest import Stack
 from clients.stand_ins import NcclSide, client_site, trl_async_grpo_client, trl_server_mode_client
@@ -51,7 +52,10 @@ async def completion(stack: Stack, model: str = "tiny") -> dict[str, Any]:
     import aiohttp
 
     body = {"model": model, "prompt": [1, 45, 74], "max_tokens": 6, "n": 1, "return_token_ids": True, "logprobs": 0}
-    async with aiohttp.ClientSession() as session, session.post(f"{stack.url}/v1/completions", json=body) as r:
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout()) as session,
+        session.post(f"{stack.url}/v1/completions", json=body) as r,
+    ):
         assert r.status == 200, await r.text()
         answer: dict[str, Any] = await r.json()
     assert len(answer["choices"][0]["token_ids"]) == 6
