@@ -98,6 +98,22 @@ INFERENCE_DEADLINE_S = 45.0
 # Queue deadline (20 s) + call deadline (8 s) + verification + slack.
 LIFECYCLE_DEADLINE_S = 60.0
 GIB = 1 << 30
+# Why a wake may be refused for lack of room (issue 26; the words of proxy/swap_rules.py and proxy/arbiter.py):
+# a neighbour that cannot be put to sleep now, memory no neighbour of this proxy holds, or a sleep or wake that
+# failed. A neighbour that is only serving, or has requests held for it, is no reason: requests wait their turn.
+ROOM_REFUSALS = (
+    "(pinned)",
+    "(in a weight update, or it failed to sleep)",
+    "(waking or updating weights)",
+    "(partly awake",
+    "(asleep, its memory not freed",
+    "(failed or starting)",
+    "(asleep)",
+    "memory held outside this proxy",
+    "would free only",
+    "could not be put to sleep to make room",
+    "ran out of GPU memory waking up",
+)
 # With several engines (--engines N): what one takes on the shared device awake, and asleep.
 SHARED_AWAKE = int(sum(SHARED_SIZES[k] for k in ("weights_gib", "kv_gib", "overhead_gib")) * GIB)
 SHARED_ASLEEP = int(SHARED_SIZES["overhead_gib"] * GIB)
@@ -609,8 +625,9 @@ def report(
     )
     if several:
         busy = [c for c in tally.calls if c.reason == "insufficient_gpu_memory" and
-                ("serving" in c.detail or "held for it" in c.detail)]  # fmt: skip
-        check(not busy, f"0 requests refused because a neighbour was busy ({len(busy)}): they wait their turn",
+                not any(reason in c.detail for reason in ROOM_REFUSALS)]  # fmt: skip
+        check(not busy, f"0 requests refused because a neighbour was busy ({len(busy)}): they wait their turn "
+              "(a wake is refused only for a neighbour that cannot sleep now, or memory none holds)",
               show(busy))  # fmt: skip
         check(peak >= 0 and not over, f"never more awake than fits: the device's use at every memory move of every "
               f"engine <= its total (peak {peak / GIB:.1f} of {total / GIB:.1f} GiB; {len(over)} moves over)",
