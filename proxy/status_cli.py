@@ -129,11 +129,21 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
+def _node_lock_holder(lock: dict[str, Any] | None) -> str | None:
+    """Who holds a GPU's node lock (gpu_lock_dir) when it is a lifeguard of another pod; this proxy's own holds
+    are its running swap-queue turns."""
+    if not lock or not lock.get("held") or lock.get("held_here"):
+        return None
+    holder = lock.get("holder")
+    return f"{holder['engine']} ({holder['op']}) on {holder['host']}" if holder else "another process on the node"
+
+
 def _gpu_lines(state: dict[str, Any], engines: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     gpus = state.get("gpus")
     if isinstance(gpus, dict):
         running = [t for t in state.get("swap_queue") or [] if t.get("running")]
+        node = (state.get("gpu_lock") or {}).get("gpus") or {}
         for index, gpu in gpus.items():
             if gpu.get("total_bytes"):
                 text = f"GPU {index}  {_gib(gpu['used_bytes'])}/{_gib(gpu['total_bytes'])} GiB used"
@@ -141,6 +151,8 @@ def _gpu_lines(state: dict[str, Any], engines: dict[str, dict[str, Any]]) -> lis
                 text = f"GPU {index}  no reading ({state.get('gpu_reading') or 'unknown'})"
             text += f"  awake: {', '.join(gpu.get('awake') or []) or '-'}"
             holders = [f"{t['engine']} ({t['op']})" for t in running if str(index) in map(str, t.get("gpus", []))]
+            if (other := _node_lock_holder(node.get(str(index)))) is not None:
+                holders.append(other)
             if holders:
                 text += f"  lock: {', '.join(holders)}"
             lines.append(text)

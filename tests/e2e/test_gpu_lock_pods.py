@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestServer
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine as SimEngine
+from proxy.status_cli import render
 
 from .conftest import BIG, FAST_SIM, GIB, MEDIUM
 
@@ -240,6 +241,11 @@ async def test_a_proxy_killed_9_while_holding_the_gpu_lets_another_proxys_wake_p
     a.sim.set_faults(["wake_up:slow:20"])
     slow = asyncio.ensure_future(node.call("a", "wake_up"))
     await node.wait_for("b", lambda s: (s["gpu_lock"]["gpus"]["0"]["holder"] or {}).get("pid") == a.proc.pid)
+    # What b's `vllm-lifeguard status` shows of it (the status page draws the same label on its GPU bar).
+    seen_by_b = await node.state("b")
+    holder = seen_by_b["gpu_lock"]["gpus"]["0"]["holder"]
+    assert (holder["engine"], holder["op"]) == ("a", "wake_up"), holder
+    assert f"lock: a (wake_up) on {holder['host']}" in render(seen_by_b), render(seen_by_b)
     waiting = asyncio.ensure_future(node.call("b", "wake_up"))
     await node.wait_for("b", lambda s: any(t["engine"] == "b" and not t["running"] for t in s["swap_queue"]))
     assert b.sim_count("wake_up") == 0 and not waiting.done()

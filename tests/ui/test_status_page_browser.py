@@ -15,6 +15,7 @@ from e2e.conftest import MEDIUM, EnginesStack, Stack
 from .chromium import Page, chromium
 
 TOKEN = "s3cret-admin-token-4f9a"
+GIB = 1 << 30
 
 
 def base_url(stack: Stack | EnginesStack) -> str:
@@ -219,6 +220,56 @@ def flat_engine(at: float) -> dict[str, Any]:
     }
 
 
+async def serve_page(aiohttp_server: Any, state: Callable[[], tuple[int, Any]]) -> Any:
+    """The page as the proxy answers it, beside a `/lifeguard/state` that answers what `state()` says."""
+    import time
+
+    from aiohttp import web
+
+    from proxy.status_page import PAGE_PATH, page_answer
+
+    async def page(request: web.Request) -> web.Response:
+        answer = page_answer(list(request.raw_headers), None, request.path, time.time())
+        response = web.Response(status=answer.status, body=answer.body, content_type="text/html")
+        response.headers.update({name.decode(): value.decode() for name, value in answer.headers})
+        return response
+
+    async def state_answer(request: web.Request) -> web.Response:
+        status, body = state()
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_get(PAGE_PATH, page)
+    app.router.add_get("/lifeguard/state", state_answer)
+    return await aiohttp_server(app)
+
+
+async def test_a_gpu_held_by_another_pods_lifeguard_is_labelled_with_its_engine_operation_and_host(
+    aiohttp_server: Any, tmp_path: Path, artifacts: Path
+) -> None:
+    """One engine of a pod beside others on the node (gpu_lock_dir): the state's `gpu_lock` says another pod's
+    lifeguard holds GPU 0 for a wake; the GPU's bar says who, where the swap queue of this proxy is empty."""
+    import time
+
+    engine = flat_engine(time.time())
+    holder = {"host": "pod-a", "pid": 7, "engine": "policy", "op": "wake_up", "since": 1.0, "for_s": 2.5}
+    lock = {"uuid": "GPU-sim-0", "held": True, "held_here": False, "holder": holder}
+    state = {
+        **engine,
+        "engines": {"default": engine},
+        "gpus": {"0": {"engines": ["default"], "awake": [], "used_bytes": 50 * GIB, "total_bytes": 80 * GIB}},
+        "gpu_lock": {"dir": "/run/vllm-lifeguard/gpu-locks", "host": "pod-b", "gpus": {"0": lock}},
+        "swap_queue": [],
+    }
+    server = await serve_page(aiohttp_server, lambda: (200, state))
+    async with chromium(tmp_path / "profile", artifacts / "chromium-node-lock.log") as page:
+        await page.navigate(str(server.make_url("/lifeguard/ui")))
+        await page.wait_for("Number(document.body.dataset.refreshes) >= 1", "a first refresh")
+        label = "[...document.querySelectorAll('[data-gpu=\"0\"] [data-lock]')].map(l => l.textContent)"
+        assert await page.evaluate(label) == ["lock held by policy (wake_up) on pod-a"]
+        assert page.problems == []
+
+
 async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and_says_when_it_cannot_read(
     aiohttp_server: Any, tmp_path: Path, artifacts: Path
 ) -> None:
@@ -226,35 +277,21 @@ async def test_the_page_reads_the_one_front_shape_shows_hostile_text_as_text_and
     error text (here markup) must stay text; a state that fails to load is said; a lost session stops the polling."""
     import time
 
-    from aiohttp import web
-
-    from proxy.status_page import PAGE_PATH, page_answer
-
     answers: list[tuple[int, Any]] = []
     served: list[int] = []
 
-    async def state(request: web.Request) -> web.Response:
+    def state() -> tuple[int, Any]:
         status, body = answers[0] if len(answers) == 1 else answers.pop(0)
         served.append(status)
         flat = flat_engine(time.time())
         if body == "one-front":
             body = {**flat, "engines": {"default": flat}}  # one engine: its own fields at the top, "gpus" a list
-        return web.json_response(body, status=status)
+        return status, body
 
-    app = web.Application()
-
-    async def page(request: web.Request) -> web.Response:  # the page as the proxy answers it
-        answer = page_answer(list(request.raw_headers), None, request.path, time.time())
-        response = web.Response(status=answer.status, body=answer.body, content_type="text/html")
-        response.headers.update({name.decode(): value.decode() for name, value in answer.headers})
-        return response
-
-    app.router.add_get(PAGE_PATH, page)
-    app.router.add_get("/lifeguard/state", state)
-    server = await aiohttp_server(app)
+    server = await serve_page(aiohttp_server, state)
     answers.append((200, "one-front"))
     async with chromium(tmp_path / "profile", artifacts / "chromium-shapes.log") as page_:
-        await page_.navigate(str(server.make_url(PAGE_PATH)))
+        await page_.navigate(str(server.make_url("/lifeguard/ui")))
         await page_.wait_for("Number(document.body.dataset.refreshes) >= 1", "a first refresh")
         assert await page_.evaluate(
             "[...document.querySelectorAll('.engine[data-engine]')].map(e => e.dataset.engine)"
