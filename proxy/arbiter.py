@@ -249,7 +249,7 @@ class Arbiter:
                 victim.coordinator.swap_out(for_engine)
                 self._waits[for_engine] = _Wait(f"{victim.name} finishes what it serves")
                 timeout = self._settings.swap_drain_timeout_s
-                if not await victim.gate.wait_idle(timeout):
+                if not await self._drained(victim, timeout):
                     log.warning(
                         "%s still served %d request(s) after %g s of draining for %s; its sleep ends them",
                         victim.name,
@@ -262,6 +262,20 @@ class Arbiter:
             return await self._put_to_sleep(victim, for_engine=for_engine)
         finally:
             victim.coordinator.swap_out(None)
+
+    async def _drained(self, victim: Engine, timeout_s: float) -> bool:
+        """Whether what `victim` serves finished within `timeout_s`, or it left RUNNING meanwhile: a trainer's sleep
+        or pause in mode keep freezes what it serves inside vLLM until a wake or a resume that this swap, holding
+        the GPUs, would keep waiting (chaos seed 2096); the sleep that follows ends those requests instead."""
+        moved_on = victim.coordinator.record.next_state_change()
+        idle = victim.tasks.spawn(victim.gate.wait_idle(timeout_s), name=f"drain:{victim.name}")
+        left = victim.tasks.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
+        try:
+            await asyncio.wait({idle, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            idle.cancel()
+        return moved_on.is_set() or (idle.done() and not idle.cancelled() and idle.result())
 
     async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level

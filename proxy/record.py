@@ -8,6 +8,7 @@ synchronous throughout, so each change is atomic on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import enum
 import logging
@@ -63,6 +64,8 @@ class EngineRecord:
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
         self._on_weights_discarded = on_weights_discarded
+        # Set at the next change of state, for whoever waits for the engine to move on (next_state_change).
+        self._state_changed: asyncio.Event | None = None
         # The facts beside the state, kept where the rules read them; `state` there is filled in by view().
         self._facts = EngineView(State.STARTING)
         # The state a weight update session returns to when it is finished.
@@ -412,10 +415,19 @@ class EngineRecord:
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes
+    def next_state_change(self) -> asyncio.Event:
+        """An event set at the engine's next change of state."""
+        if self._state_changed is None:
+            self._state_changed = asyncio.Event()
+        return self._state_changed
+
     def _on_state_change(self, src: State, dst: State) -> None:
         if src is dst:
             return
         self.since = time.time()
+        changed, self._state_changed = self._state_changed, None
+        if changed is not None:
+            changed.set()
         if dst not in (State.FALLING_ASLEEP, State.SLEEPING, State.WAKING, State.UPDATING_WEIGHTS):
             self._facts = replace(self._facts, sleep_unconfirmed=False)  # the view change follows below
         if dst is State.RUNNING:

@@ -149,3 +149,31 @@ async def test_a_trainers_own_calls_interleave_with_scheduled_swaps_without_a_de
     others = {name: [v for v in vs if v["kind"] != in_transit] for name, vs in stack.violations().items()}
     assert {name: vs for name, vs in others.items() if vs} == {}
     assert stack.device_used() <= TOTAL
+
+
+async def test_a_neighbour_whose_trainer_freezes_it_mid_drain_is_swapped_out_at_once(make_engines: MakeEngines) -> None:
+    """Found by `make chaos-engines` (2026-12-06, seed 2096): while a swap drained engine a for b, a's trainer put a
+    to sleep at level 0 with mode=keep, which froze a's generation inside vLLM. The drain went on waiting for a
+    request that could not finish before a wake, holding the GPU that wake needed: b's request and a's frozen one
+    waited until the drain's deadline (60 s by default; the chaos clients gave up at 45 s)."""
+    stack = await make_engines(swap_quantum_s=0.2, hold_timeout_s=30.0, swap_drain_timeout_s=20.0)
+    frozen = asyncio.ensure_future(stack.completion("model-a", max_tokens=3000))  # ~6 s of generation
+    try:
+        await stack.wait_for(lambda s: s["engines"]["a"]["inflight_requests"] == 1)
+        waiting = asyncio.ensure_future(stack.completion("model-b"))
+        await stack.wait_for(lambda s: s["engines"]["a"]["swapping_out_for"] == "b")  # draining a for b
+        sleep = await stack.client.post("/engines/a/sleep", params={"level": "0", "mode": "keep"})
+        assert sleep.status == 200, await sleep.text()
+        started = time.monotonic()
+        async with asyncio.timeout(10):  # the drain's deadline is 20 s
+            resp = await waiting
+        assert resp.status == 200, await resp.text()
+        assert time.monotonic() - started < 5.0
+        async with asyncio.timeout(10):
+            ended = await frozen  # ended by the swap's sleep, not left frozen
+        assert ended.status in (200, 503), await ended.text()
+    finally:
+        for task in (frozen,):
+            if not task.done():
+                task.cancel()
+    assert stack.violations() == {} and stack.device_used() <= TOTAL
