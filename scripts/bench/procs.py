@@ -128,3 +128,12 @@ def listen_overflows() -> int:
 def median_dict(runs: list[dict[str, float]]) -> dict[str, float]:
     """The median of every figure over repeated runs."""
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def run_ratios(paths: dict[str, list[dict[str, float]]], numerator: str, denominator: str, key: str) -> list[float]:
+    """`key` of each repetition on path `numerator` ÷ the same repetition's on `denominator` (the two ran back to
+    back in it), sorted; [] when either path did not run. Judged on the spread, not only the median."""
+    runs, base = paths.get(numerator), paths.get(denominator)
+    if not runs or not base:
+        return []
+    return sorted(r[key] / b[key] for r, b in zip(runs, base, strict=True) if b[key] > 0)

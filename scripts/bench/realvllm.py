@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from fixed import wrk
-from procs import cpu_seconds, log, median_dict
+from procs import cpu_seconds, log, median_dict, run_ratios
 from rig import HERE, Rig
 
 ROOT = HERE.parents[1]
@@ -77,16 +77,13 @@ async def bench_vllm(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps
         server.stop()
     figures: dict[str, Any] = {f"{t}@{c}": median_dict(v) for (t, c), v in runs.items()}
     for conns in conns_list:
-        figures[f"spread@{conns}"] = spread(runs.get(("lifeguard", conns)), runs.get(("direct", conns)))
+        # req/s through the proxy ÷ direct per repetition: the median and the spread, so that one lucky or
+        # unlucky run is not read as the figure.
+        by_path = {path: runs.get((path, conns), []) for path in ("lifeguard", "direct")}
+        ratios = run_ratios(by_path, "lifeguard", "direct", "rps")
+        figures[f"spread@{conns}"] = (
+            {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1], "runs": len(ratios)}
+            if ratios
+            else {}
+        )
     return figures
-
-
-def spread(lifeguard: list[dict[str, float]] | None, direct: list[dict[str, float]] | None) -> dict[str, float]:
-    """req/s through the proxy ÷ direct in each repetition (the two ran back to back): the median and the
-    spread, so that one lucky or unlucky run is not read as the figure."""
-    if not lifeguard or not direct:
-        return {}
-    ratios = sorted(lg["rps"] / d["rps"] for lg, d in zip(lifeguard, direct, strict=True) if d["rps"] > 0)
-    if not ratios:
-        return {}
-    return {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1], "runs": len(ratios)}

@@ -131,9 +131,9 @@ def fixed_rows(fixed: dict[str, Any], conns: list[int]) -> list[list[str]]:
         rows.append(compare(f"proxy CPU per request, {c} conn", cpu, "us", True, judged))
         nginx_cpu = cpu.get("nginx", math.nan)
         if c == 64:
-            rows.append(lifeguard_only("… lifeguard ÷ nginx, CPU per request, 64 conn",
-                                       fmt(ratio(cpu["lifeguard"], nginx_cpu), "x"),
-                                       judge("cpu_vs_nginx@64", ratio(cpu["lifeguard"], nginx_cpu))))  # fmt: skip
+            one_cpu = ratio(cpu["lifeguard"], nginx_cpu)
+            rows.append(lifeguard_only("… lifeguard ÷ nginx, CPU per request, 64 conn", fmt(one_cpu, "x"),
+                                       judge("cpu_vs_nginx@64", one_cpu)))  # fmt: skip
         if c == 64 and "lifeguard-2e" in runs:
             two_rps = ratio(rps["lifeguard-2e"], rps.get("nginx", math.nan))
             two_cpu = ratio(cpu["lifeguard-2e"], nginx_cpu)

@@ -11,7 +11,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from procs import cpu_seconds, http, listen_overflows, log, median_dict, rss_bytes, wait_until
+from procs import cpu_seconds, http, listen_overflows, log, median_dict, rss_bytes, run_ratios, wait_until
 from rig import Rig
 
 T_FIELD = re.compile(rb'"t":(\d+)')
@@ -191,14 +191,8 @@ async def bench_sse(rig: Rig, streams_list: tuple[int, ...], rate: float, second
     await rig.stop_lifeguard()
     result: dict[str, Any] = {key: median_dict(v) for key, v in runs.items()}
     for streams in streams_list:
-        result[f"burst@{streams}"] = burst_ratios(runs.get(f"lifeguard@{streams}"), runs.get(f"nginx@{streams}"))
+        # A burst of streams, every one delivering: judged on the worst repetition, not the median.
+        by_path = {path: runs.get(f"{path}@{streams}", []) for path in ("lifeguard", "nginx")}
+        ratios = run_ratios(by_path, "lifeguard", "nginx", "ready_ms")
+        result[f"burst@{streams}"] = {"worst": ratios[-1], "best": ratios[0], "runs": len(ratios)} if ratios else {}
     return result
-
-
-def burst_ratios(lifeguard: list[dict[str, float]] | None, nginx: list[dict[str, float]] | None) -> dict[str, float]:
-    """A burst of streams, every one delivering: lifeguard's time ÷ nginx's in each repetition (the two ran
-    back to back in it), judged on the worst repetition, not the median."""
-    if not lifeguard or not nginx:
-        return {}
-    ratios = [lg["ready_ms"] / ng["ready_ms"] for lg, ng in zip(lifeguard, nginx, strict=True) if ng["ready_ms"] > 0]
-    return {"worst": max(ratios), "best": min(ratios), "runs": len(ratios)} if ratios else {}
