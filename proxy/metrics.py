@@ -1,4 +1,5 @@
-"""Prometheus metrics: every series the proxy exports, and the one place that imports prometheus_client.
+"""Prometheus metrics: every series the proxy exports. With proxy/request_metrics.py (the series observed on
+every forwarded request, kept as plain numbers until read) the only modules that import prometheus_client.
 
 Owns: the metric objects, their names, HELP texts, buckets and the closed sets of label values.
 Does not own: deciding *when* something happened. Callers report events through intention-named
@@ -12,7 +13,7 @@ Rules kept here (Prometheus's naming practices, prometheus.io/docs/practices/nam
 * A label value outside its tuple is a programming error and raises ``KeyError`` naming the value,
   so a typo in a caller fails its tests instead of inventing a new series in production.
 * Methods on the request path are a dict lookup plus one ``inc``/``observe``/``set``: children are
-  bound once, at construction.
+  bound once, at construction; the three of every forwarded request are folded at read time.
 * The registry is injected (one per proxy), never prometheus_client's global ``REGISTRY``.
 * Every series about an engine has an ``engine`` label, a single engine's too (``engine="default"`` for
   ``upstream:``): one shape for one engine or many, so a dashboard, an alert or a query written for one
@@ -28,6 +29,8 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
+
+from .request_metrics import CounterFamily, HistogramFamily
 
 __all__ = [
     "CHECKS",
@@ -214,11 +217,12 @@ class Metrics:
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        self.inference = Counter(
+        # The three series observed on every forwarded request: folded at read time (proxy/request_metrics.py).
+        self.inference = CounterFamily(
             "lifeguard_inference_requests",
             "Inference requests, counted once when they end, by outcome (forwarded or why not).",
             [*e, "outcome"],
-            registry=registry,
+            INFERENCE_OUTCOMES,
         )
         self.inflight = Gauge(
             "lifeguard_inflight_requests",
@@ -226,21 +230,21 @@ class Metrics:
             e,
             registry=registry,
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = HistogramFamily(
             "lifeguard_upstream_response_latency_seconds",
             "Time from sending a request to vLLM to receiving its response headers, observed per forwarded request.",
             e,
-            buckets=REQUEST_BUCKETS,
-            registry=registry,
+            REQUEST_BUCKETS,
         )
-        self.request_duration = Histogram(
+        self.request_duration = HistogramFamily(
             "lifeguard_request_duration_seconds",
             "Wall time of a request through the proxy, arrival to last byte (holding included), "
             "observed when it ends, by route class.",
             [*e, "route_class"],
-            buckets=REQUEST_BUCKETS,
-            registry=registry,
+            REQUEST_BUCKETS,
         )
+        for family in (self.inference, self.upstream_latency, self.request_duration):
+            registry.register(family)
 
         # --- verification: catching "200 lies"
         self.checks = Counter(
@@ -406,10 +410,10 @@ class EngineMetrics:
         self._operation_durations = _bind(family.operation_duration, engine, family.operations)
         self._held = family.held.labels(engine)
         self._holds = _bind(family.hold, engine, HOLD_OUTCOMES)
-        self._inference = _bind(family.inference, engine, INFERENCE_OUTCOMES)
+        self._inference = family.inference.counts(engine)
         self._inflight = family.inflight.labels(engine)
         self._upstream_latency = family.upstream_latency.labels(engine)
-        self._request_durations = _bind(family.request_duration, engine, ROUTE_CLASSES)
+        self._request_durations = {route: family.request_duration.labels(engine, route) for route in ROUTE_CLASSES}
         self._checks = {
             (check, result): family.checks.labels(engine, check, result)
             for check, result in itertools.product(CHECKS, CHECK_RESULTS)
@@ -468,7 +472,7 @@ class EngineMetrics:
 
     def inference_finished(self, outcome: str) -> None:
         """An inference request ended (``outcome`` from INFERENCE_OUTCOMES)."""
-        self._inference[outcome].inc()
+        self._inference[outcome] += 1
 
     def upstream_latency(self, seconds: float) -> None:
         """vLLM's response headers arrived ``seconds`` after the request was sent."""
