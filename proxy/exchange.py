@@ -30,7 +30,7 @@ from .boundary import caught
 from .engine import Engine
 from .errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from .gate import Ticket
-from .refusals import Pending, Refusal, response_refusal, stream_refusal
+from .refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .request_reader import ParsedRequest
 from .tasks import Tasks
 from .upstream_pool import UpstreamConnection
@@ -48,6 +48,9 @@ from .wire import (
 log = logging.getLogger("lifeguard.forward")
 
 _NO_BODY_STATUS = frozenset({204, 304})
+# A response's own framing is replaced by the proxy's, except its Content-Length, which is kept.
+_RESPONSE_HOP_BY_HOP = HOP_BY_HOP - {b"content-length"}
+_CONNECTION_OPTIONS = frozenset({b"keep-alive", b"close"})
 _STALE = b"X-Lifeguard-Weights-Stale: true"
 # An answer with a length up to this size is sent to the client in one write with its head; a larger one streams.
 _WHOLE_UP_TO = 1 << 16
@@ -187,17 +190,20 @@ class Forward(Answering):
 
     def _request_bytes(self) -> bytes:
         request, upstream = self.request, self._engine.upstream
-        drop = HOP_BY_HOP | request.connection_tokens | self._drop
-        lines = [b"%b %b HTTP/1.1" % (request.method, self._target), b"Host: " + upstream.host]
-        authorization = False
+        drop = HOP_BY_HOP
+        if request.connection_tokens or self._drop:
+            drop = drop | request.connection_tokens | self._drop
+        lines = [b"%b %b HTTP/1.1\r\nHost: %b" % (request.method, self._target, upstream.host)]
+        basic_auth = upstream.basic_auth
+        authorization = basic_auth is None  # looked for only when the proxy would add its own
         for name, value in request.headers:
             lowered = name.lower()
             if lowered not in drop:
                 lines.append(name + b": " + value)
                 authorization = authorization or lowered == b"authorization"
-        if upstream.basic_auth is not None and not authorization:
-            lines.append(b"Authorization: " + upstream.basic_auth)
-        body = b"".join(request.body)
+        if basic_auth is not None and not authorization:
+            lines.append(b"Authorization: " + basic_auth)
+        body = request.whole_body()
         if body or request.method not in (b"GET", b"HEAD"):
             lines.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -222,23 +228,25 @@ class Forward(Answering):
     # ----- response sink
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self._engine.metrics.upstream_latency(time.monotonic() - self._sent_at)
-        drop = HOP_BY_HOP - {b"content-length"}
-        relayed: list[tuple[bytes, bytes]] = []
+        lines = [b"HTTP/1.1 %d %b" % (status, reason)]
         length: int | None = None
+        listed: set[bytes] = set()  # what a Connection header names beyond keep-alive and close: dropped too
         for name, value in headers:
             lowered = name.lower()
-            if lowered == b"connection":
-                drop = drop | {token.strip().lower() for token in value.split(b",")}
+            if lowered in _RESPONSE_HOP_BY_HOP:
+                if lowered == b"connection":
+                    listed |= {token.strip().lower() for token in value.split(b",")} - _CONNECTION_OPTIONS
+                continue
+            if lowered == b"content-length":
+                length = int(value)  # llhttp admits digits only
+            elif lowered == b"content-type":
+                self._sse = self._sse or b"text/event-stream" in value.lower()
             elif lowered == b"location":
                 value = relative_location(value, self._engine.upstream.origins)
-            elif lowered == b"content-type" and b"text/event-stream" in value.lower():
-                self._sse = True
-            elif lowered == b"content-length":
-                length = int(value)  # llhttp admits digits only
-            relayed.append((name, value))
+            lines.append(name + b": " + value)
+        if listed:
+            lines[1:] = [line for line in lines[1:] if line.partition(b":")[0].lower() not in listed]
         request = self.request
-        lines = [b"HTTP/1.1 %d %b" % (status, reason)]
-        lines += [name + b": " + value for name, value in relayed if name.lower() not in drop]
         if self._stale:
             lines.append(_STALE)
         if request.method == b"HEAD" or status in _NO_BODY_STATUS or status < 200:
@@ -301,7 +309,7 @@ class Forward(Answering):
             self.client.transport.write(data)
 
     def response_end(self) -> None:
-        if self._buffer is not None and self._may_refuse():
+        if self._buffer is not None and self._status == REFUSAL_STATUS and self._may_refuse():
             refusal = response_refusal(self._status, self._headers, b"".join(self._buffer[1:]))
             if refusal is not None:
                 self._back_to_the_gate(refusal, reusable=True)

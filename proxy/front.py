@@ -314,9 +314,12 @@ class FrontConnection(asyncio.Protocol):
     def _start(self, request: ParsedRequest) -> bool:
         """Answer or start the request at the head of the queue; False while its body is still awaited."""
         front = self._front
-        limit = front.settings.body_limit(request.route.op if request.route is not None else None)
-        if request.error is None and request.body_size > limit:
-            request.error = BodyTooLarge(f"the request body exceeds the limit of {limit} bytes", close_connection=True)
+        # Every route's limit is at least max_body_bytes: only a body over it is looked at again.
+        if request.error is None and request.body_size > front.settings.max_body_bytes:
+            limit = front.settings.body_limit(request.route.op if request.route is not None else None)
+            if request.body_size > limit:
+                request.error = BodyTooLarge(f"the request body exceeds the limit of {limit} bytes",
+                                             close_connection=True)  # fmt: skip
         if not (request.complete or (request.error is not None and request.error.close_connection)):
             self._await_body(request)
             return False
@@ -434,10 +437,10 @@ class FrontConnection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         if self._closing:
             return
-        loop = asyncio.get_running_loop()
-        self._idle_deadline = loop.time() + self._front.settings.client_idle_timeout_s
+        # The loop's clock (asyncio's and uvloop's), read without looking the loop up: once per answer.
+        self._idle_deadline = time.monotonic() + self._front.settings.client_idle_timeout_s
         if self._idle_timer is None:
-            self._idle_timer = loop.call_at(self._idle_deadline, self._idle_check)
+            self._idle_timer = asyncio.get_running_loop().call_at(self._idle_deadline, self._idle_check)
 
     def _idle_check(self) -> None:
         self._idle_timer = None

@@ -41,6 +41,7 @@ class HeldExchange(Answering):
         self._parked: Parked | None = None
 
     def start(self) -> None:
+        self.request.compact()
         try:
             self._parked = self._engine.gate.park(self, self.request.body_size)
         except LifeguardError as exc:

@@ -58,10 +58,14 @@ class Pending(enum.Enum):
     MORE = "more"
 
 
+#: The status of every complete answer that is a refusal: any other is relayed without a look at its body.
+REFUSAL_STATUS = 503
+
+
 def response_refusal(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> Refusal | None:
     """The refusal a complete (non-streaming) answer is, if it is one: a 503 with vLLM's paused envelope, or the
     elastic-EP middleware's plain body."""
-    if status != 503 or not _is_json(headers):
+    if status != REFUSAL_STATUS or not _is_json(headers):
         return None
     if (gated := gate_message(status, body)) is not None:
         return Refusal(RefusalKind.ELASTIC_EP, gated)

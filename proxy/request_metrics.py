@@ -45,7 +45,7 @@ class HistogramFamily(Collector):
         self._documentation = documentation
         self._labelnames = list(labelnames)
         self._bounds = (*buckets, _INF) if buckets[-1] != _INF else tuple(buckets)
-        self._les = [floatToGoString(bound) for bound in self._bounds]
+        self._les: list[str] = [floatToGoString(bound) for bound in self._bounds]  # type: ignore[no-untyped-call]
         self._series: dict[tuple[str, ...], FoldedHistogram] = {}
 
     def labels(self, *values: str) -> FoldedHistogram:

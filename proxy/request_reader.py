@@ -27,8 +27,8 @@ MAX_HEADER_LINE = 8190
 MAX_HEADERS = 128
 MAX_HEAD = 64 * 1024
 
-# Shared instead of one copy per held request (issue 21): no tokens, and the header names (as sent) and the
-# Host and Content-Type values that nearly every request repeats; values only while the table has room.
+# Shared instead of one copy per held request (issue 21, `ParsedRequest.compact`): no tokens, and the header names
+# (as sent) and the Host and Content-Type values that nearly every request repeats; values while the table has room.
 _NO_TOKENS: frozenset[bytes] = frozenset()
 _NAMES = {
     name: name
@@ -51,6 +51,22 @@ _SHARED_VALUE_NAMES = frozenset({b"host", b"content-type"})
 _SHARED_VALUES: dict[bytes, bytes] = {}
 _SHARED_VALUES_MAX = 256
 _SHARED_VALUE_LEN = 128
+
+
+# What the reader notes of a field, by its name: looked up as sent (the spellings clients send), else lowered.
+_ORDINARY, _HOST, _LENGTH, _CHUNKED, _CONNECTION, _EXPECT = (object() for _ in range(6))
+_KIND = {
+    b"host": _HOST,
+    b"content-length": _LENGTH,
+    b"transfer-encoding": _CHUNKED,
+    b"connection": _CONNECTION,
+    b"expect": _EXPECT,
+}
+_KIND_AS_SENT = {
+    **_KIND,
+    **{b"-".join(part.capitalize() for part in name.split(b"-")): kind for name, kind in _KIND.items()},
+    **{name: _ORDINARY for name in _NAMES if name.lower() not in _KIND},
+}
 
 
 class _Refused(Exception):
@@ -104,6 +120,20 @@ class ParsedRequest:
         self.route: Route | None = None  # where it goes (proxy/routing.py), decided when its head is read
         self.drop = _NO_TOKENS  # the header that carried the admin token, never forwarded
         self.reholds = 0  # how often vLLM refused it for the engine's own state and it went back to the gate
+
+    def compact(self) -> None:
+        """Share the header names and the Host and Content-Type values that nearly every request repeats, for a
+        request that is going to wait (held: issue 21); not on the way of one forwarded at once."""
+        headers = self.headers
+        for index, (name, value) in enumerate(headers):
+            shared_name = _NAMES.get(name, name)
+            if shared_name.lower() in _SHARED_VALUE_NAMES and len(value) <= _SHARED_VALUE_LEN:
+                shared = _SHARED_VALUES.get(value)
+                if shared is not None:
+                    value = shared
+                elif len(_SHARED_VALUES) < _SHARED_VALUES_MAX:
+                    _SHARED_VALUES[value] = value
+            headers[index] = (shared_name, value)
 
     def whole_body(self) -> bytes:
         """The body received, joined once."""
@@ -165,41 +195,43 @@ class RequestReader:
         self._head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
-        request = self._current()
+        request = self._parsing
+        assert request is not None
         request.url += url
         if len(request.url) > MAX_TARGET:
             self._stop(TargetTooLong(f"the request target exceeds {MAX_TARGET} bytes"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        request = self._current()
-        if len(name) + len(value) + 2 > MAX_HEADER_LINE or len(request.headers) >= MAX_HEADERS:
+        request = self._parsing
+        assert request is not None
+        headers = request.headers
+        size = len(name) + len(value)
+        if size + 2 > MAX_HEADER_LINE or len(headers) >= MAX_HEADERS:
             self._stop(HeadersTooLarge(f"a header line exceeds {MAX_HEADER_LINE} bytes, or there are more than "
                                        f"{MAX_HEADERS} headers"))  # fmt: skip
-        request.head_size += len(name) + len(value) + 4
+        request.head_size += size + 4
         if request.head_size + len(request.url) > MAX_HEAD:
             self._stop(HeadersTooLarge(f"the request head exceeds {MAX_HEAD} bytes"))
-        name = _NAMES.get(name, name)
-        lowered = name.lower()
-        if lowered in _SHARED_VALUE_NAMES and len(value) <= _SHARED_VALUE_LEN:
-            shared = _SHARED_VALUES.get(value)
-            if shared is not None:
-                value = shared
-            elif len(_SHARED_VALUES) < _SHARED_VALUES_MAX:
-                _SHARED_VALUES[value] = value
-        request.headers.append((name, value))
-        if lowered == b"host":
+        headers.append((name, value))
+        kind = _KIND_AS_SENT.get(name)
+        if kind is None:
+            kind = _KIND.get(name.lower(), _ORDINARY)
+        if kind is _ORDINARY:
+            return
+        if kind is _HOST:
             request.host = True
-        elif lowered == b"content-length":
+        elif kind is _LENGTH:
             request.content_length = int(value)  # llhttp admits digits only, and one Content-Length
-        elif lowered == b"transfer-encoding":
+        elif kind is _CHUNKED:
             request.chunked = True  # llhttp admits a Transfer-Encoding only when it ends in chunked
-        elif lowered == b"connection":
+        elif kind is _CONNECTION:
             request.connection_tokens |= {token.strip().lower() for token in value.split(b",")}
-        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
+        elif value.strip().lower() == b"100-continue":  # Expect
             request.expect_continue = True
 
     def on_headers_complete(self) -> None:
-        request = self._current()
+        request = self._parsing
+        assert request is not None
         parser = self._parser
         assert parser is not None  # called from its feed_data
         request.method = parser.get_method()
@@ -213,20 +245,18 @@ class RequestReader:
         self._on_head(request)
 
     def on_body(self, body: bytes) -> None:
-        request = self._current()
+        request = self._parsing
+        assert request is not None
         request.body_size += len(body)
         if request.error is None:
             request.body.append(body)
 
     def on_message_complete(self) -> None:
-        request = self._current()
+        request = self._parsing
+        assert request is not None
         request.complete = True
         self._reusable = request.keep_alive
         self._parsing = None
-
-    def _current(self) -> ParsedRequest:
-        assert self._parsing is not None
-        return self._parsing
 
     def _stop(self, error: LifeguardError) -> NoReturn:
         self._refusal = error

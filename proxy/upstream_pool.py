@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -246,7 +247,7 @@ class UpstreamPool:
 
     def acquire(self, waiter: Waiter) -> None:
         """Hand `waiter` a connection now if one is idle, else once one is opened or given back."""
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()  # the loop's clock (asyncio's and uvloop's), read without looking the loop up
         while self._idle:
             conn = self._idle.pop()
             if conn.closed or now - conn.idle_since > self._keepalive_s:
@@ -294,11 +295,10 @@ class UpstreamPool:
         if self._closed:
             conn.close()
             return
-        loop = asyncio.get_running_loop()
-        conn.idle_since = loop.time()
+        conn.idle_since = time.monotonic()
         self._idle.append(conn)
         if self._sweep is None:
-            self._sweep = loop.call_later(self._keepalive_s, self._expire_idle)
+            self._sweep = asyncio.get_running_loop().call_later(self._keepalive_s, self._expire_idle)
 
     def _forget(self, conn: UpstreamConnection) -> None:
         self._open -= 1
