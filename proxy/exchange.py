@@ -234,13 +234,13 @@ class Forward(Answering):
         for name, value in headers:
             lowered = name.lower()
             if lowered in _RESPONSE_HOP_BY_HOP:
-                if lowered == b"connection":
+                if lowered == b"connection" and value.lower() not in _CONNECTION_OPTIONS:
                     listed |= {token.strip().lower() for token in value.split(b",")} - _CONNECTION_OPTIONS
                 continue
             if lowered == b"content-length":
                 length = int(value)  # llhttp admits digits only
-            elif lowered == b"content-type":
-                self._sse = self._sse or b"text/event-stream" in value.lower()
+            elif lowered == b"content-type" and b"text/event-stream" in value.lower():
+                self._sse = True
             elif lowered == b"location":
                 value = relative_location(value, self._engine.upstream.origins)
             lines.append(name + b": " + value)
@@ -290,7 +290,12 @@ class Forward(Answering):
                 return
             self._flush_probe()
             return
-        self._write_body(data)
+        # _write_body, inline: this runs once per streamed event.
+        if self._framing == b"chunked":
+            if data:
+                self.client.transport.write(chunk(data))
+        elif self._framing:
+            self.client.transport.write(data)
 
     def _flush_probe(self) -> None:
         """The stream is not a refusal: its head and what was kept back go out."""
@@ -412,8 +417,7 @@ class Forward(Answering):
         if self._ticket is not None:
             self._ticket.done()
             self._engine.inflight.discard(self)
-            metrics.inference_finished(outcome)
-            metrics.request_duration("inference", seconds)
+            metrics.inference_finished(outcome, seconds)
         else:
             metrics.request_duration("passthrough", seconds)
         if self._on_end is not None:

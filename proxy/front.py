@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import cast
 
 from .admin import admin_carrier
 from .answers import lifecycle, own
@@ -202,8 +203,8 @@ class FrontConnection(asyncio.Protocol):
 
     # ----- asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
         self._front.connections.add(self)
         self._arm_idle()
 
@@ -383,7 +384,8 @@ class FrontConnection(asyncio.Protocol):
             self._close()
             return
         self._answered()
-        self._pump()
+        if self._queue:
+            self._pump()
 
     def replace_exchange(self, old: Exchange, new: Exchange) -> None:
         """An exchange hands over to another (a held request admitted, a control call let through)."""
@@ -401,7 +403,8 @@ class FrontConnection(asyncio.Protocol):
 
     def _answered(self) -> None:
         # The next request (if one is queued) may still need its body read; one queued behind it pauses again.
-        self._resume_reading("pipeline")
+        if self._read_pauses:
+            self._resume_reading("pipeline")
         if not self._queue:
             self._arm_idle()
 

@@ -88,8 +88,7 @@ class HeldExchange(Answering):
 def not_forwarded(engine: Engine, request: ParsedRequest, outcome: str) -> None:
     """An inference request that ends without reaching vLLM: counted and logged, once."""
     held_s = time.monotonic() - request.started
-    engine.metrics.inference_finished(outcome)
-    engine.metrics.request_duration("inference", held_s)
+    engine.metrics.inference_finished(outcome, held_s)
     request_id = next((value for name, value in request.headers if name.lower() == b"x-request-id"), None)
     log.info(
         "request not forwarded: %s",

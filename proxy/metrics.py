@@ -470,9 +470,10 @@ class EngineMetrics:
         """A held request left the hold (``outcome`` from HOLD_OUTCOMES) after ``seconds``."""
         self._holds[outcome].observe(seconds)
 
-    def inference_finished(self, outcome: str) -> None:
-        """An inference request ended (``outcome`` from INFERENCE_OUTCOMES)."""
+    def inference_finished(self, outcome: str, seconds: float) -> None:
+        """An inference request ended (``outcome`` from INFERENCE_OUTCOMES), ``seconds`` after it arrived."""
         self._inference[outcome] += 1
+        self._request_durations["inference"].observe(seconds)
 
     def upstream_latency(self, seconds: float) -> None:
         """vLLM's response headers arrived ``seconds`` after the request was sent."""

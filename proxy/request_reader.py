@@ -190,13 +190,12 @@ class RequestReader:
             self._parser = None
 
     # ----- llhttp's callbacks
-    def on_message_begin(self) -> None:
-        self._parsing = ParsedRequest()
-        self._head_bytes = 0
-
+    # No on_message_begin: one callback less per request. A request's first callback is its target's (on_url).
     def on_url(self, url: bytes) -> None:
         request = self._parsing
-        assert request is not None
+        if request is None:
+            request = self._parsing = ParsedRequest()
+            self._head_bytes = 0
         request.url += url
         if len(request.url) > MAX_TARGET:
             self._stop(TargetTooLong(f"the request target exceeds {MAX_TARGET} bytes"))

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 
@@ -132,8 +132,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # ----- asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._sink is None:
@@ -253,7 +253,10 @@ class UpstreamPool:
             if conn.closed or now - conn.idle_since > self._keepalive_s:
                 conn.close()
                 continue
-            _hand(waiter, conn)
+            try:
+                waiter.connected(conn)
+            except Exception as exc:
+                waiter.crashed("forward", exc)
             return
         if self._closed:
             waiter.connect_failed(f"the {self._name} pool is closed")

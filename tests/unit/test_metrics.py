@@ -143,7 +143,7 @@ def test_edges_narrow_the_pre_created_transitions(registry: CollectorRegistry):
 
 def test_unknown_label_values_raise_instead_of_inventing_series(metrics: EngineMetrics):
     with pytest.raises(KeyError):
-        metrics.inference_finished("rejected")
+        metrics.inference_finished("rejected", 0.1)
     with pytest.raises(KeyError):
         metrics.operation_finished("sleep", "failed", 0.1)
     with pytest.raises(KeyError):
@@ -167,8 +167,9 @@ def test_each_method_moves_its_own_series(metrics: EngineMetrics, registry: Coll
     assert value(registry, "lifeguard_inflight_requests") == 3
     metrics.hold_finished("hold_timeout", 300.0)
     assert value(registry, "lifeguard_hold_duration_seconds_count", outcome="hold_timeout") == 1
-    metrics.inference_finished("stream_broken")
+    metrics.inference_finished("stream_broken", 0.1)
     assert value(registry, "lifeguard_inference_requests_total", outcome="stream_broken") == 1
+    assert value(registry, "lifeguard_request_duration_seconds_sum", route_class="inference") == 0.1
     metrics.upstream_latency(0.02)
     assert value(registry, "lifeguard_upstream_response_latency_seconds_count") == 1
     metrics.request_duration("lifecycle", 1.5)
@@ -226,7 +227,7 @@ def test_exposition_is_what_the_scraper_asks_for(metrics: EngineMetrics) -> None
 
 def test_each_engine_has_its_own_series_and_the_proxy_its_own(registry: CollectorRegistry) -> None:
     whole = family(registry)
-    whole.engine("judge").inference_finished("forwarded")
+    whole.engine("judge").inference_finished("forwarded", 0.1)
     whole.engine("judge").proxy_error("forward")
     whole.engine("judge").gpu_memory("0", 1, 2)
     assert value(registry, "lifeguard_inference_requests_total", engine="judge", outcome="forwarded") == 1
