@@ -25,8 +25,9 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 	$(BIN)/mypy
 	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py
 
-test: setup lint  ## unit, simulator conformance and proxy end-to-end tests
+test: setup lint  ## unit, simulator conformance and proxy end-to-end tests, on uvloop (serve's loop) and on asyncio's
 	$(BIN)/pytest -q
+	LIFEGUARD_TEST_LOOP=asyncio $(BIN)/pytest -q
 
 test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
 	bash scripts/test-vllm.sh

@@ -23,6 +23,7 @@ from .fleet import Fleet
 from .front import Front
 from .gpu import GpuMemoryReader, make_engine_reader, make_reader
 from .gpu_lock import GpuLocks, open_node_locks
+from .listener import Listener, listening_sockets
 from .metrics import Metrics
 from .model_directory import ModelDirectory
 from .routes import LIFECYCLE_PATHS, build_table
@@ -44,7 +45,7 @@ class Lifeguard:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._gpu = gpu
         self._session: aiohttp.ClientSession | None = None
-        self._server: asyncio.Server | None = None
+        self._listeners: list[Listener] = []
         self.fleet: Fleet | None = None
         self.front: Front | None = None
 
@@ -55,8 +56,8 @@ class Lifeguard:
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
+        assert self._listeners, "Lifeguard.start() first"
+        port: int = self._listeners[0].sock.getsockname()[1]
         return port
 
     async def start(self, host: str, port: int, *, backlog: int = 4096, sock: socket.socket | None = None) -> None:
@@ -110,16 +111,15 @@ class Lifeguard:
         self.front = Front(self.fleet)
         for engine in engines.values():
             engine.start()
-        loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await loop.create_server(self.front.protocol, sock=sock, backlog=backlog)
-        else:
-            self._server = await loop.create_server(self.front.protocol, host, port, backlog=backlog)
+        socks = [sock] if sock is not None else listening_sockets(host, port)
+        for listening in socks:
+            listening.listen(backlog)
+            self._listeners.append(Listener(listening, self.front.protocol))
 
     async def close(self) -> None:
         """Stop accepting, answer what is held, give what runs `shutdown_grace_s`, then close everything."""
-        if self._server is not None:
-            self._server.close()
+        for listener in self._listeners:
+            await listener.close()
         if self.fleet is not None:
             for engine in self.fleet.engines.values():
                 engine.stop_admitting()

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import get_args
 
 from aiohttp import web
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if settings.log_level != "debug":
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            runner.run(serve(settings))
     except (OSError, GpuLockSetupError) as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -110,11 +112,12 @@ async def serve(settings: Settings) -> None:
     lifeguard = Lifeguard(settings)
     await lifeguard.start(settings.host, settings.port)
     log.info(
-        "vllm-lifeguard %s listening on http://%s:%s, guarding %s",
+        "vllm-lifeguard %s listening on http://%s:%s, guarding %s (event loop: %s)",
         __version__,
         settings.host,
         lifeguard.port,
         settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
     await _until_signalled()
     log.info("shutting down", extra={"event": "shutdown"})
@@ -133,3 +136,17 @@ async def _until_signalled() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The loop `serve` runs on (setting `event_loop`): uvloop, a dependency, unless it is not installed (a
+    hand-made environment), which is said, not fatal."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("event_loop is uvloop but uvloop is not installed: serving on asyncio's own loop",
+                        extra={"event": "event_loop_fallback"})  # fmt: skip
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop

@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
+    # uvloop relays a request with less CPU than asyncio's own loop (docs/performance.md); asyncio's is the fallback.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     # --- the data plane
     # One front (proxy/front.py) serves every request of every engine.

@@ -20,7 +20,7 @@
 # simulated memory (`--memory simulated --gpu-file`) and the proxy's `--gpu-probe file:` probe, and the
 # report says the physical check was unavailable. The device machine has torch, nvidia-ml-py, aiohttp and prometheus-client; the proxy's
 # other pure-Python packages must travel with the tree: put them in .gpu-deps/ (for example
-# `pip install --target .gpu-deps transitions pydantic-settings[yaml]`), which is added to PYTHONPATH.
+# `pip install --target .gpu-deps transitions pydantic-settings[yaml] uvloop`), which is added to PYTHONPATH.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]      env: PYTHON, WEIGHTS_GIB (4), KV_GIB (4), GPU_CHECK_TIMEOUT_S (150)
 set -euo pipefail

@@ -4,14 +4,28 @@ hidden."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
+import uvloop
 from aiohttp.test_utils import TestClient
 from lifeguard_testing import LifeguardServer, ServeLifeguard, client_timeout
 
 from proxy.config import Settings
+
+#: The loop every async test runs on: `serve`'s (uvloop), or asyncio's own, its fallback (`make test` runs both).
+TEST_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Any]:
+    name = os.environ.get("LIFEGUARD_TEST_LOOP", "uvloop")
+    return {name: TEST_LOOPS[name]}
 
 
 @pytest.fixture
