@@ -295,12 +295,20 @@ class FrontConnection(asyncio.Protocol):
                 exc.close_connection = exc.close_connection or exc.status in (401, 403)
             request.error = exc
             return
-        limit = front.settings.body_limit(route.op)
-        if request.content_length is not None and request.content_length > limit:
+        if request.content_length is not None and (limit := self._exceeded(request, request.content_length)):
             request.error = BodyTooLarge(
                 f"the request body ({request.content_length} bytes) exceeds the limit of {limit} bytes",
                 close_connection=True,
             )
+
+    def _exceeded(self, request: ParsedRequest, size: int) -> int:
+        """The body limit `size` bytes of `request` exceed, else 0. Every route's limit is at least max_body_bytes,
+        so a body within it is not looked at again (the common case, once per request)."""
+        settings = self._front.settings
+        if size <= settings.max_body_bytes:
+            return 0
+        limit = settings.body_limit(request.route.op if request.route is not None else None)
+        return limit if size > limit else 0
 
     def _pump(self) -> None:
         if self._pumping:
@@ -315,12 +323,8 @@ class FrontConnection(asyncio.Protocol):
     def _start(self, request: ParsedRequest) -> bool:
         """Answer or start the request at the head of the queue; False while its body is still awaited."""
         front = self._front
-        # Every route's limit is at least max_body_bytes: only a body over it is looked at again.
-        if request.error is None and request.body_size > front.settings.max_body_bytes:
-            limit = front.settings.body_limit(request.route.op if request.route is not None else None)
-            if request.body_size > limit:
-                request.error = BodyTooLarge(f"the request body exceeds the limit of {limit} bytes",
-                                             close_connection=True)  # fmt: skip
+        if request.error is None and (limit := self._exceeded(request, request.body_size)):
+            request.error = BodyTooLarge(f"the request body exceeds the limit of {limit} bytes", close_connection=True)
         if not (request.complete or (request.error is not None and request.error.close_connection)):
             self._await_body(request)
             return False
