@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -111,6 +112,9 @@ async def serve(settings: Settings) -> None:
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
     lifeguard = Lifeguard(settings)
     await lifeguard.start(settings.host, settings.port)
+    # What start-up made lives as long as the process: kept out of the collector's full passes, which scanned it
+    # all each time (~35k objects, ~50 ms a pass during a burst of new streams; docs/performance.md).
+    gc.freeze()
     log.info(
         "vllm-lifeguard %s listening on http://%s:%s, guarding %s (event loop: %s)",
         __version__,
