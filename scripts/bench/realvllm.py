@@ -2,11 +2,11 @@
 
 The vLLM venv and tiny model come from scripts/vllm/setup-vllm.sh (cached in ~/.cache/vllm-lifeguard; it
 builds them on first use, ~3 min), the server from scripts/vllm/vllm_server.py, started once. wrk sends
-the same one-token completion direct and through vllm-lifeguard (the plane under test and, when the rig
-has one, the other plane), interleaved, at each connection count. The proxy's CPU per request is taken
-over the whole wrk run, so its idle loops at that rate are included; the vLLM API server's own CPU per
-request is read the same way, for scale. Opt-in (`--only vllm` or `--vllm`): vLLM takes about a minute to
-start here.
+the same one-token completion direct and through vllm-lifeguard (and, with --baseline-src, the other checkout's),
+interleaved in short runs whose order is reversed every other repetition, at each connection count. The
+proxy's CPU per request is taken over the whole wrk run, so its idle loops at that rate are included; the
+vLLM API server's own CPU per request is read the same way, for scale. Opt-in (`--only vllm` or `--vllm`):
+vLLM takes about a minute to start here.
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ async def bench_vllm(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps
         runs: dict[tuple[str, int], list[dict[str, float]]] = {}
         for conns in conns_list:
             for rep in range(reps):
-                for target, port in ports.items():
+                # vLLM-for-CPU's own rate drifts by 2-4x over seconds on two shared cores (2026-12-06): short runs,
+                # and the paths' order reversed every other repetition, so that each path meets the same drift.
+                order = list(ports.items())
+                if rep % 2:
+                    order.reverse()
+                for target, port in order:
                     api0 = cpu_seconds(server.pid) if server.pid else 0.0
                     result = await wrk(port, conns, seconds, pids[target], max_tokens=1)
                     api = cpu_seconds(server.pid) - api0 if server.pid else math.nan

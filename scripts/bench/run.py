@@ -90,7 +90,7 @@ async def run(args: argparse.Namespace) -> int:
             if "hold" in args.only:
                 res["hold"] = await bench_hold(rig, args.held, args.seconds, args.hold_reps)
             if "vllm" in args.only:
-                res["vllm"] = await bench_vllm(rig, tuple(args.vllm_conns), args.vllm_seconds, args.reps)
+                res["vllm"] = await bench_vllm(rig, tuple(args.vllm_conns), args.vllm_seconds, args.vllm_reps)
         except Exception:
             for proc in rig.procs:
                 log(f"--- {proc.name} log tail:\n{proc.tail()}")
@@ -127,7 +127,8 @@ def main() -> int:
     )
     parser.add_argument("--peers-bin", default="", help="folder with the `envoy` and `vllm-router` executables")
     parser.add_argument("--vllm-conns", default="1,16,64")
-    parser.add_argument("--vllm-seconds", type=float, default=5.0)
+    parser.add_argument("--vllm-seconds", type=float, default=2.0, help="length of one wrk run in front of vLLM")
+    parser.add_argument("--vllm-reps", type=int, default=8, help="interleaved repetitions in front of vLLM")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument("--conns", default="1,64,256")
@@ -149,6 +150,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.reps, args.hold_reps, args.seconds, args.sse_seconds, args.cycles = 1, 1, 2.0, 2.0, 8
+        args.vllm_reps = min(args.vllm_reps, 2)
         args.mixed_seconds = min(args.mixed_seconds, 20.0)
         args.held = min(args.held, 2_000)
     args.only = set(args.only.split(","))
