@@ -5,6 +5,7 @@ iteration, and a burst of 512 streams waited seconds to be accepted (docs/perfor
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 import time
@@ -94,4 +95,58 @@ def test_the_port_is_free_again_once_the_listener_is_closed():
         again.close()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
+
+
+class _RunsOutOfDescriptorsOnce:
+    """A listening socket whose first accept fails as a process out of descriptors does (EMFILE)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.failed = False
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def setblocking(self, flag: bool) -> None:
+        self._sock.setblocking(flag)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self._sock.accept()
+
+
+@pytest.mark.parametrize("loop_factory", [uvloop.new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"])
+@pytest.mark.timeout(30)
+def test_out_of_descriptors_pauses_accepting_and_the_waiting_client_is_served_after(loop_factory, caplog):
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        (sock,) = listening_sockets("127.0.0.1", 0)
+        sock.listen(8)
+        port = sock.getsockname()[1]
+        wrapped = _RunsOutOfDescriptorsOnce(sock)
+        made: asyncio.Future[None] = loop.create_future()
+
+        class Served(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                if not made.done():
+                    made.set_result(None)
+
+        listener = Listener(wrapped, Served)  # type: ignore[arg-type]
+        client = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 5)
+        try:
+            async with asyncio.timeout(10):
+                await made  # waits in the kernel's backlog while accepting is paused, then is served
+            assert wrapped.failed
+            assert "cannot accept a connection" in caplog.text
+        finally:
+            client.close()
+            await listener.close()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(run())
