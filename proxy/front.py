@@ -454,9 +454,8 @@ class FrontConnection(asyncio.Protocol):
         deadline = self._idle_deadline
         if self._closing or deadline is None:
             return  # a request is in progress: its answer arms the deadline again
-        loop = asyncio.get_running_loop()
-        if loop.time() < deadline:
-            self._idle_timer = loop.call_at(deadline, self._idle_check)
+        if time.monotonic() < deadline:
+            self._idle_timer = asyncio.get_running_loop().call_at(deadline, self._idle_check)
         elif self._active is None and not self._queue:
             self._close()
 

@@ -253,10 +253,7 @@ class UpstreamPool:
             if conn.closed or now - conn.idle_since > self._keepalive_s:
                 conn.close()
                 continue
-            try:
-                waiter.connected(conn)
-            except Exception as exc:
-                waiter.crashed("forward", exc)
+            _hand(waiter, conn)
             return
         if self._closed:
             waiter.connect_failed(f"the {self._name} pool is closed")
@@ -317,14 +314,13 @@ class UpstreamPool:
 
     def _expire_idle(self) -> None:
         self._sweep = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.monotonic()
         expired = [conn for conn in self._idle if now - conn.idle_since > self._keepalive_s]
         for conn in expired:
             conn.close()
         if self._idle:
             oldest = min(conn.idle_since for conn in self._idle)
-            self._sweep = loop.call_at(oldest + self._keepalive_s + 0.01, self._expire_idle)
+            self._sweep = asyncio.get_running_loop().call_at(oldest + self._keepalive_s + 0.01, self._expire_idle)
 
     async def close(self) -> None:
         """Close idle connections and refuse new exchanges; connections lent out close when their exchange ends."""
