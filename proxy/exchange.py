@@ -290,12 +290,7 @@ class Forward(Answering):
                 return
             self._flush_probe()
             return
-        # _write_body, inline: this runs once per streamed event.
-        if self._framing == b"chunked":
-            if data:
-                self.client.transport.write(chunk(data))
-        elif self._framing:
-            self.client.transport.write(data)
+        self._write_body(data)
 
     def _flush_probe(self) -> None:
         """The stream is not a refusal: its head and what was kept back go out."""
