@@ -138,10 +138,6 @@ async def _until_signalled() -> None:
     await stop.wait()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The loop `serve` runs on (setting `event_loop`): uvloop, a dependency, unless it is not installed (a
     hand-made environment), which is said, not fatal."""
@@ -154,3 +150,7 @@ def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
         else:
             return uvloop.new_event_loop
     return asyncio.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())
