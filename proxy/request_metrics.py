@@ -37,13 +37,30 @@ class FoldedHistogram:
         self.total += value
 
 
-class HistogramFamily(Collector):
-    """A histogram whose series are made up front, one per tuple of label values."""
+class _Family(Collector):
+    """What a family of either kind shares: its name, HELP text and label names, and its empty metric."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+    _kind: type[HistogramMetricFamily] | type[CounterMetricFamily]
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self.name = name
         self._documentation = documentation
         self._labelnames = list(labelnames)
+
+    def _empty(self) -> Metric:
+        return self._kind(self.name, self._documentation, labels=self._labelnames)
+
+    def describe(self) -> list[Metric]:
+        return [self._empty()]
+
+
+class HistogramFamily(_Family):
+    """A histogram whose series are made up front, one per tuple of label values."""
+
+    _kind = HistogramMetricFamily
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        super().__init__(name, documentation, labelnames)
         self._bounds = (*buckets, _INF) if buckets[-1] != _INF else tuple(buckets)
         self._les: list[str] = [floatToGoString(bound) for bound in self._bounds]  # type: ignore[no-untyped-call]
         self._series: dict[tuple[str, ...], FoldedHistogram] = {}
@@ -53,9 +70,6 @@ class HistogramFamily(Collector):
         if series is None:
             series = self._series[values] = FoldedHistogram(self._bounds)
         return series
-
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.name, self._documentation, labels=self._labelnames)]
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self._documentation, labels=self._labelnames)
@@ -68,14 +82,14 @@ class HistogramFamily(Collector):
         yield family
 
 
-class CounterFamily(Collector):
+class CounterFamily(_Family):
     """A counter whose series are made up front; each is a dict entry its owner adds to (`counts(...)`)."""
+
+    _kind = CounterMetricFamily
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], last: Sequence[str]) -> None:
         """`last`: the closed set of values of the last label, the one the hot path chooses by."""
-        self.name = name
-        self._documentation = documentation
-        self._labelnames = list(labelnames)
+        super().__init__(name, documentation, labelnames)
         self._last = tuple(last)
         self._series: dict[tuple[str, ...], dict[str, int]] = {}
 
@@ -86,9 +100,6 @@ class CounterFamily(Collector):
         if series is None:
             series = self._series[values] = dict.fromkeys(self._last, 0)
         return series
-
-    def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self.name, self._documentation, labels=self._labelnames)]
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self._documentation, labels=self._labelnames)
