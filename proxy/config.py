@@ -163,6 +163,9 @@ class Settings(BaseSettings):
 
     # --- between calls
     reconcile_interval_s: float = Field(default=2.0, gt=0)
+    # Reconcile rounds in a row that vLLM must leave unanswered (control_call_timeout_s each) before the engine is
+    # FAILED; a refused connection or a 503 fails it at the first.
+    late_rounds_before_failed: int = Field(default=3, ge=1)
     hold_while_weights_stale: bool = False
     # Where the proxy keeps what vLLM cannot be asked for (weights discarded, a pause to re-apply), so that a
     # restarted proxy does not forget it; put it on a volume that outlives the container (an emptyDir).

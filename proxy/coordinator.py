@@ -28,7 +28,7 @@ from .gpu import GpuReading
 from .inflight import InFlightRequests
 from .memo import StateMemo
 from .metrics import EngineMetrics
-from .observation import Observation
+from .observation import LateReads, Observation
 from .outcome import Outcome, answered_by_us, from_vllm
 from .probes import Verifier
 from .record import EngineRecord, FailureKind
@@ -77,6 +77,7 @@ class LifecycleCoordinator:
         self._gate = gate
         self._metrics = metrics
         self._lock = asyncio.Lock()
+        self._late_rounds = LateReads(settings.late_rounds_before_failed)
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
         self.record = EngineRecord(
             metrics,
@@ -320,6 +321,8 @@ class LifecycleCoordinator:
             return
         async with self._lock:
             obs = await self._client.observe()
+            if self._answered_late(obs):
+                return
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return
@@ -327,8 +330,20 @@ class LifecycleCoordinator:
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
-                    await self._verifier.record_golden()
+                    # On an idle engine only: under the lock, behind a 12,000-token stream on real vLLM the canary
+                    # took 17 s, and a trainer's /pause waited for it. The first wake's canary records it otherwise.
+                    if self._gate.inflight == 0:
+                        await self._verifier.record_golden()
                     await self._verifier.record_adapters()
+
+    def _answered_late(self, obs: Observation) -> bool:
+        """True for a reconcile round to pass over (proxy/observation.py `LateReads`): failing a busy engine refused
+        its traffic and then took it for restarted."""
+        if self.state in (State.STARTING, State.FAILED) or not self._late_rounds.pass_over(obs):
+            return False
+        limit = self._late_rounds.limit
+        self.record.error("engine_late", f"{obs.error}; FAILED if {limit} rounds in a row go unanswered")
+        return True
 
     async def engine_refused(self, refusal: Refusal) -> State:
         """The data plane forwarded an inference request and vLLM refused it in a way that says something about the

@@ -49,3 +49,24 @@ class Observation:
     # Set when vLLM's elastic-EP gate answered the flag reads (proxy/elastic_ep.py): the flags are unknown then, and
     # what vLLM is doing is what /is_scaling_elastic_ep said. `healthy` is no witness in that case.
     elastic: ElasticStatus | None = None
+
+
+class LateReads:
+    """The one rule for reads vLLM answered too late (`Observation.timed_out`): an API server short of CPU,
+    relaying a long stream, answered /is_sleeping after more than 10 s on real vLLM (docs/real-vllm.md). Such a
+    read is passed over until `limit` of them come in a row; a refused connection or a 503 counts at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+
+    def pass_over(self, obs: Observation) -> bool:
+        """True: take no conclusion from `obs`, it was late and the run of late reads is still short."""
+        if not obs.timed_out:
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        if self.in_a_row >= self.limit:
+            self.in_a_row = 0
+            return False
+        return True

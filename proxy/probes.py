@@ -28,7 +28,7 @@ from .config import Settings
 from .errors import UpstreamError
 from .footprint import Footprint
 from .gpu import GpuMemoryReader, GpuReading
-from .observation import Observation
+from .observation import LateReads, Observation
 from .upstream import VllmClient
 
 
@@ -316,13 +316,15 @@ class Verifier:
 
     async def _check_flags(self, expect: Expectation, verdict: Verdict) -> Check:
         deadline = time.monotonic() + self._settings.verify_timeout_s
+        late = LateReads(self._settings.late_rounds_before_failed)
         while True:
             obs = await self._client.observe()
             verdict.observation = obs
             problem = _flag_problem(obs, expect)
             # vLLM's /health is 503 only after EngineDeadError, which never clears: no use polling on.
             gone = (not obs.reachable and not obs.timed_out) or (not obs.healthy and obs.error is None)
-            if problem is None or time.monotonic() >= deadline or gone:
+            # A late answer is no verdict: read again, past the deadline, until too many come late in a row.
+            if problem is None or gone or (time.monotonic() >= deadline and not late.pass_over(obs)):
                 break
             await asyncio.sleep(self._settings.verify_poll_interval_s)
         health = Check(
