@@ -436,8 +436,12 @@ class EngineRecord:
             self.failure_kind = None
         self.history.append({"from": src.value, "to": dst.value, "at": self.since})
         self._metrics.state_changed(src.value, dst.value)
-        log.info("state %s -> %s", src.value, dst.value,
-                 extra={"event": "state_change", "from_state": src.value, "to_state": dst.value})  # fmt: skip
+        extra = {"event": "state_change", "from_state": src.value, "to_state": dst.value}
+        if dst is State.FAILED and self.last_error is not None:  # set_failed records why just before
+            log.warning("state %s -> %s: %s", src.value, dst.value, self.last_error["message"],
+                        extra={**extra, "reason": self.last_error["reason"]})  # fmt: skip
+        else:
+            log.info("state %s -> %s", src.value, dst.value, extra=extra)
         self._on_view_change()
 
     def snapshot(self) -> dict[str, Any]:
