@@ -13,8 +13,9 @@
 # A test that fails is run once more (pytest-rerunfailures, `-rR` lists it as a rerun): a real vLLM whose API
 # server shares two cores with the proxy and the tests now and then answers later than any sane deadline, and
 # one such late answer must not stop CI; a test that fails twice fails the suite. Exits non-zero if either
-# suite fails. Logs (vLLM, proxies) go to $LIFEGUARD_VLLM_LOG_DIR
-# (default: a fresh temp dir, printed at the end). Extra args are passed to the tests/vllm pytest run.
+# suite fails; each failure's message is printed again at the very end (scripts/vllm/failures.py). Logs (vLLM,
+# proxies) go to $LIFEGUARD_VLLM_LOG_DIR (default: a fresh temp dir, printed at the end). Extra args are passed
+# to the tests/vllm pytest run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=${VENV:-.venv}/bin
@@ -49,7 +50,10 @@ t_setup=$((SECONDS - t0))
 
 log "tests/vllm (through the proxy)"
 t1=$SECONDS
-"$BIN/pytest" -m vllm tests/vllm --ignore "$SKYRL04_TESTS" -q -rfEsR --reruns 1 --durations=8 "$@"
+JUNIT=$LIFEGUARD_VLLM_LOG_DIR/junit
+mkdir -p "$JUNIT"
+"$BIN/pytest" -m vllm tests/vllm --ignore "$SKYRL04_TESTS" -q -rfEsR --reruns 1 --durations=8 \
+  --junitxml "$JUNIT/tests-vllm.xml" "$@"
 rc_e2e=$?
 t_e2e=$((SECONDS - t1))
 
@@ -60,7 +64,7 @@ t3=$SECONDS
 rc_skyrl04=0
 if skyrl04_venv "$SKYRL04_VENV" && SITE04=$(client_site "$SKYRL04_VENV/bin" skyrl04); then
   LIFEGUARD_CLIENTS_SITE=$SITE04 "$SKYRL04_VENV/bin/pytest" -m vllm "$SKYRL04_TESTS" -q -rfEsR --reruns 1 \
-    --durations=8 "$@"
+    --durations=8 --junitxml "$JUNIT/skyrl04.xml" "$@"
   rc_skyrl04=$?
 else
   log "could not set up the SkyRL 0.4.0 venv or its client site"
@@ -97,7 +101,7 @@ if compgen -G "tests/conformance/test_*.py" >/dev/null; then
     sleep 0.5
   done
   if [[ -n $url ]]; then
-    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1
+    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
     rc_conf=$?
   fi
   stop_launcher
@@ -112,4 +116,6 @@ log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), SkyRL 0.4.0 ${t_skyrl
   "conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
 grep -h "^==== healthy after" "$LIFEGUARD_VLLM_LOG_DIR"/vllm*.log 2>/dev/null | sed 's/^==== /[test-vllm] vLLM /' >&2
 log "logs in $LIFEGUARD_VLLM_LOG_DIR"
+# Last, so that the tail of a CI log says why a test failed, not only which.
+"$BIN/python" scripts/vllm/failures.py "$JUNIT"/*.xml >&2
 ((rc_e2e == 0 && rc_skyrl04 == 0 && rc_conf == 0))
