@@ -27,6 +27,7 @@ from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
 REPO = Path(__file__).resolve().parents[2]
+STREAM_READ_BUFSIZE = 64 * 2**20  # the session fixture's read buffer (see there)
 
 vllm_server_mod = load_file_module("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
 VllmServer = vllm_server_mod.VllmServer
@@ -240,5 +241,11 @@ async def oai_direct(vllm_server: Any) -> AsyncIterator[AsyncOpenAI]:
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     # Every request has a deadline inside the shortest test timeout here (180 s): a hang is named, not hidden.
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=150, sock_connect=5)) as s:
+    # While a test reads a 12,000-token stream (~4 MB, one HTTP chunk per event), this process fell seconds behind:
+    # the stream's socket full and unread, and a /pause sent meanwhile out of its 5 s to connect (on uvloop and on
+    # asyncio's loop alike). read_bufsize: aiohttp pauses reading at 4,096 buffered chunks by default, and once
+    # sat idle so (strace: epoll_wait 2.8 s with nothing ready); a buffer larger than any stream here keeps that
+    # flow control out. sock_connect 30 s: a loopback connect is the kernel's at once; more is this loop's delay.
+    timeout = aiohttp.ClientTimeout(total=150, sock_connect=30)
+    async with aiohttp.ClientSession(timeout=timeout, read_bufsize=STREAM_READ_BUFSIZE) as s:
         yield s

@@ -215,6 +215,17 @@ class StreamReader:
     def errors(self) -> list[Any]:
         return [e for e in self.events if isinstance(e, dict) and "error" in e]
 
+    def _record(self, raw: bytes) -> None:
+        line = raw.decode().strip()
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        event = data if data == "[DONE]" else json.loads(data)
+        self.events.append(event)
+        if not self.started.is_set() and isinstance(event, dict) and event.get("choices"):
+            self.first_chunk_at = time.monotonic()
+            self.started.set()
+
     def timing(self) -> str:
         """For failure messages: when the stream's milestones came, relative to sending it."""
         t0 = self.sent_at or 0.0
@@ -230,19 +241,16 @@ class StreamReader:
             if r.status != 200:
                 self.events.append(await r.json(content_type=None))
                 return self
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                event = data if data == "[DONE]" else json.loads(data)
-                self.events.append(event)
-                if not self.started.is_set() and isinstance(event, dict) and event.get("choices"):
-                    self.first_chunk_at = time.monotonic()
-                    self.started.set()
-                # Let the test run: aiohttp's readline returns without suspending while lines are buffered,
-                # so a reader slower than vLLM (two busy cores) kept the loop until the stream ended.
-                await asyncio.sleep(0)
+            pending = b""
+            async for data in r.content.iter_any():
+                # Whatever is buffered at once, split here: a line at a time with a loop turn each (as before) took
+                # thousands of turns to work through a backlog, and the test's own calls waited behind them.
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                for raw in lines:
+                    self._record(raw)
+                await asyncio.sleep(0)  # iter_any returns buffered data without suspending: let the test run
+            self._record(pending)
         return self
 
 
