@@ -16,6 +16,7 @@ from vllm_e2e import (
     long_stream_body,
     post,
     short_completion_body,
+    under_way,
     wait_state,
     wait_until,
 )
@@ -31,7 +32,7 @@ async def test_engine_killed_mid_stream_and_mid_lifecycle_call_then_recovers(
     stream_task = asyncio.ensure_future(stream.run(session, base + "/v1/completions", long_stream_body()))
     pause_task = None
     try:
-        await asyncio.wait_for(stream.started.wait(), 30)
+        await under_way(session, vllm_server.url, stream)
         # /pause?mode=wait blocks upstream until the stream ends: a lifecycle call surely in flight
         pause_task = asyncio.ensure_future(post(session, base + "/pause?mode=wait"))
         await wait_until(lambda: lg_state(session, base), lambda s: s["state"] == "PAUSING", timeout=10, what="PAUSING")

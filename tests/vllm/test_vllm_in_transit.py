@@ -28,6 +28,7 @@ from vllm_e2e import (
     long_stream_body,
     metrics,
     post,
+    under_way,
     wait_until,
 )
 
@@ -50,7 +51,7 @@ async def test_a_stream_frozen_by_a_level_2_keep_sleep_ends_with_an_error_event_
     stream = StreamReader()
     task = asyncio.ensure_future(stream.run(session, proxy.url + "/v1/completions", long_stream_body()))
     try:
-        await asyncio.wait_for(stream.started.wait(), 30)
+        await under_way(session, vllm_server.url, stream)
         assert (await post(session, proxy.url + "/sleep?level=2&mode=keep"))[0] == 200
         await asyncio.wait_for(task, 30)  # ended by the proxy, not by the wake
         await _aborted_by_vllm(session, vllm_server.url)

@@ -20,6 +20,7 @@ from vllm_e2e import (
     long_stream_body,
     post,
     short_completion_body,
+    under_way,
     wait_held,
     wait_until,
 )
@@ -85,7 +86,7 @@ async def test_mode_request_lifecycle(
     stream_task = asyncio.ensure_future(stream.run(session, base + "/v1/completions", long_stream_body()))
     new_task: asyncio.Future[Any] | None = None
     try:
-        await asyncio.wait_for(stream.started.wait(), 30)
+        await under_way(session, vllm_server.url, stream)
         stream.noticed_at = time.monotonic()
         assert not stream_task.done(), stream.timing()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import re
@@ -172,6 +173,15 @@ async def engine_never_saw_it(s: aiohttp.ClientSession, vllm: str) -> None:
     load = await get_json(s, vllm + "/load")
     assert load == {"server_load": 0}, load
     assert engine_requests(await metrics(s, vllm)) == 0
+
+
+async def under_way(s: aiohttp.ClientSession, vllm: str, stream: StreamReader) -> None:
+    """A long stream is in vLLM (its GET /load counts it), and its first chunk came or a second passed. vLLM short of
+    CPU can deliver the first chunk when the stream is nearly done (seen here: all 12,000 tokens at once), and a
+    pause, sleep or kill sent only then found it finished."""
+    await wait_until(lambda: get_json(s, vllm + "/load"), lambda load: load["server_load"] >= 1, 30, "vLLM's /load")
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stream.started.wait(), 1.0)
 
 
 class StreamReader:
