@@ -18,12 +18,23 @@ async def _engine_holds_one(vllm: VllmApi) -> None:
 
 
 async def _under_way(vllm: VllmApi, result: StreamResult) -> None:
-    """The long stream is in the engine (GET /load counts it), and its first token came or a second passed. A real
-    vLLM short of CPU can deliver the first token when the stream is nearly done (seen here: all 12,000 at once),
-    and a pause or sleep sent only then found nothing left to end (CI: finish_reason 'length', not 'abort')."""
-    await _engine_holds_one(vllm)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(result.first_text.wait(), 1.0)
+    """The long stream has reached the engine: its first token came, or GET /load counts it (then the first token
+    gets a second more). A real vLLM short of CPU can deliver the first token when the stream is nearly done (seen
+    here: all of it at once), and a pause or sleep sent only then found nothing left to end (a rehearsal:
+    finish_reason 'length', not 'abort')."""
+    counted = asyncio.ensure_future(_engine_holds_one(vllm))
+    started = asyncio.ensure_future(result.first_text.wait())
+    try:
+        done, _ = await asyncio.wait({counted, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "the stream reached neither GET /load nor the client in 30 s"
+        if started not in done:
+            counted.result()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(started, 1.0)
+    finally:
+        for task in (counted, started):
+            task.cancel()
+        await asyncio.gather(counted, started, return_exceptions=True)
 
 
 async def test_request_sent_while_asleep_is_held_until_wake(vllm: VllmApi) -> None:

@@ -35,7 +35,9 @@ async def test_engine_killed_mid_stream_and_mid_lifecycle_call_then_recovers(
         await under_way(session, vllm_server.url, stream)
         # /pause?mode=wait blocks upstream until the stream ends: a lifecycle call surely in flight
         pause_task = asyncio.ensure_future(post(session, base + "/pause?mode=wait"))
-        await wait_until(lambda: lg_state(session, base), lambda s: s["state"] == "PAUSING", timeout=10, what="PAUSING")
+        # 30 s: a reconcile round holds the coordinator while vLLM's /health is late (up to control_call_timeout_s,
+        # 10 s; a rehearsal saw it), and the pause starts after it
+        await wait_until(lambda: lg_state(session, base), lambda s: s["state"] == "PAUSING", timeout=30, what="PAUSING")
         assert not stream_task.done(), "the stream ended before the kill: make it longer"
         vllm_server.kill()
 
