@@ -21,6 +21,7 @@ from lifeguard_sim import (
     routes_lora,
     routes_openai,
     trainer_servers,
+    weight_checker,
 )
 from lifeguard_sim.engine import Engine
 from lifeguard_sim.errors import ClientLeft, EngineGone, EngineHTTPError, EnginePaused, engine_paused_body
@@ -100,6 +101,7 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     app[LIVE_REQUESTS] = live
     routes_openai.add_routes(app)
     routes_lifecycle.add_routes(app)
+    weight_checker.add_routes(app)
     routes_info.add_routes(app)
     routes_generate.add_routes(app, settings.enable_scale_out)
     if engine.profile.decisions_route:

@@ -94,6 +94,11 @@ class Engine:
         self.scheduling_asleep = False  # a level-0 sleep: only the scheduler sleeps
         self.sleep_level: int | None = None
         self.weights_valid = True
+        # What /weight_checker's digests see (lifeguard_sim/weight_checker.py): the checkpoint's weights or written
+        # ones, zeroed by a reset, and whether a lie-weights fault gave one tensor other bytes.
+        self.weights_from_checkpoint = True
+        self.weights_zeroed = False
+        self.weights_altered = False
         self.weight_update_active = False
         self.weight_update_draft = False  # the open session writes the drafter (/start_draft_weight_update)
         self.draft_weight_writes = 0
@@ -136,6 +141,15 @@ class Engine:
         (a restarted vLLM answers like the checkpoint again, not like the trained weights)."""
         seed = str(self.settings.seed)
         return seed if not self.weight_writes else f"{seed}+{self.weight_writes}"
+
+    @property
+    def weights_held(self) -> str:
+        """What the weights are, as /weight_checker's digests see them (lifeguard_sim/weight_checker.py)."""
+        if self.weights_zeroed:
+            return "zeros"
+        if not self.weights_valid:
+            return f"discarded:{self._epoch}"
+        return str(self.settings.seed) if self.weights_from_checkpoint else self.text_seed
 
     # --- observation
     @property
@@ -409,6 +423,8 @@ class Engine:
                     self._resume_scheduler()
                 if fired.kind == "lose-lora" and "weights" in to_wake:
                     self.lora_lost |= set(self.lora_adapters)  # vLLM #53888: still listed, base-model answers
+                if fired.kind == "lie-weights" and "weights" in to_wake:
+                    self.weights_altered = True  # other bytes than were put to sleep
             claimed = "sleeping" if self.is_sleeping else "awake"
         # vLLM 0.32's AsyncLLM.wake_up records "awake" only once the executor is fully awake (measured).
         if fired.kind == "lie-asleep" or not self.executor_tags:
@@ -492,6 +508,11 @@ class Engine:
         if method in SKYRL_WORKER_RPCS and "skyrl" in self.settings.trainer_servers:
             await self._skyrl_rpc(method, kwargs or {}, fired)
             return None
+        if method == "reset_weights":  # what /weight_checker's reset runs: zero_weights(model)
+            self.weights_zeroed = True
+            self.weights_valid = False
+            self.after(fired)
+            return None
         if method != "reload_weights":
             raise errors.worker_failed(f"'Worker' object has no attribute '{method}'")
         if fired.kind != "lie-asleep":
@@ -501,6 +522,9 @@ class Engine:
                 self.weights_valid = True
                 self.garbage = False
                 self.q_scale_lost = False  # the checkpoint's scales come back with it
+                self.weights_from_checkpoint, self.weights_zeroed = True, False
+                # lie-weights: the checkpoint's file changed on disk since the start
+                self.weights_altered = fired.kind == "lie-weights"
         self.after(fired)
         return None
 
@@ -658,6 +682,7 @@ class Engine:
             self.draft_weight_writes += 1
         elif self.lora_round_target is None:
             self.weight_writes += 1
+            self.weights_from_checkpoint = False
         self.after(fired)
         return {"message": "Weights updated"}
 
@@ -675,6 +700,7 @@ class Engine:
             else:
                 self.weights_valid = True
                 self.garbage = False
+                self.weights_zeroed = self.weights_altered = False
             if version is not None:
                 self.weight_version = version
         self.after(fired)

@@ -46,12 +46,20 @@ KINDS: dict[str, str] = {
     "path 503 'This data-parallel rank has been retired...'",
     "scale-fails": "scale_elastic_ep only: the commit fails: 500 'Scale failed', the scaling gate stays up and "
     "/is_scaling_elastic_ep says phase 'failed' with the error",
+    "lie-weights": "wake_up and collective_rpc only: answer 200 and work, but one weight tensor holds other bytes than "
+    "it must (a wake restores other weights than were put to sleep; a reload_weights reads a checkpoint file changed "
+    "on disk); greedy answers are unchanged, only /weight_checker's checksums tell",
     "slow:S": "the operation takes S seconds longer (combines with any other fault)",
 }
 
 _MEMORY_OPS = frozenset({"sleep", "wake_up"})
 # Kinds that only mean something for one operation.
-_ONLY_FOR = {"lose-lora": "wake_up", "retire": "scale_elastic_ep", "scale-fails": "scale_elastic_ep"}
+_ONLY_FOR: dict[str, tuple[str, ...]] = {
+    "lose-lora": ("wake_up",),
+    "retire": ("scale_elastic_ep",),
+    "scale-fails": ("scale_elastic_ep",),
+    "lie-weights": ("wake_up", "collective_rpc"),
+}
 _LIFECYCLE_ONLY = frozenset({"lie-asleep", "lie-memory"})
 
 
@@ -99,8 +107,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise FaultSpecError(f"bad fault spec {text!r}: KIND must be one of {names}")
     if kind in _LIFECYCLE_ONLY and op == "generate":
         raise FaultSpecError(f"bad fault spec {text!r}: {kind} has no meaning for generate")
-    if kind in _ONLY_FOR and op != _ONLY_FOR[kind]:
-        raise FaultSpecError(f"bad fault spec {text!r}: {kind} applies to {_ONLY_FOR[kind]} only")
+    if kind in _ONLY_FOR and op not in _ONLY_FOR[kind]:
+        raise FaultSpecError(f"bad fault spec {text!r}: {kind} applies to {' and '.join(_ONLY_FOR[kind])} only")
     if kind == "lie-memory" and op not in _MEMORY_OPS:
         raise FaultSpecError(f"bad fault spec {text!r}: lie-memory applies to sleep and wake_up only")
     times: int | None = 1

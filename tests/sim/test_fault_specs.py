@@ -45,6 +45,7 @@ def test_slow_carries_its_seconds() -> None:
         "sleep:lose-lora",
         "wake_up:retire",
         "generate:scale-fails",
+        "sleep:lie-weights",
     ],
 )
 def test_malformed_specs_are_rejected_by_name(text: str) -> None:
@@ -55,7 +56,11 @@ def test_malformed_specs_are_rejected_by_name(text: str) -> None:
 @given(
     op=st.sampled_from(OPS),
     kind=st.sampled_from(
-        [k for k in KINDS if k not in ("slow:S", "lie-memory", "lie-asleep", "lose-lora", "retire", "scale-fails")]
+        [
+            k
+            for k in KINDS
+            if k not in ("slow:S", "lie-memory", "lie-asleep", "lose-lora", "retire", "scale-fails", "lie-weights")
+        ]
     ),
     suffix=st.one_of(st.just(""), st.integers(1, 99).map(lambda n: f"@{n}"), st.just("@p0.25")),
 )
