@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     lora_check: bool = True
     # Adapters given a canary answer; those past it are only checked to be listed after the wake.
     lora_canary_max_adapters: int = Field(default=8, ge=0)
+    # vLLM's weight checksums (/weight_checker) as verification (proxy/weight_checksums.py, docs/verification.md):
+    # off | reloads (a reload must produce the checkpoint) | always (also a level-1 sleep/wake and each update
+    # session); the default from their measured cost (docs/performance.md). Each read has its own deadline.
+    weight_checksums: Literal["off", "reloads", "always"] = "reloads"
+    weight_checksum_timeout_s: float = Field(default=120.0, gt=0)
     # vLLM checks --api-key on /v1 routes only; the canary and model lookup are /v1 calls of our own.
     upstream_api_key: SecretStr | None = None
 

@@ -33,11 +33,23 @@ from .outcome import Outcome, answered_by_us, from_vllm
 from .probes import Verifier
 from .record import EngineRecord, FailureKind
 from .refusals import Refusal
-from .rules import Admission, Defer, Noop, Refuse, Staleness, admission, control_refusal, judge, unavailable
+from .rules import (
+    WEIGHTLESS,
+    Admission,
+    Defer,
+    Noop,
+    Refuse,
+    Staleness,
+    admission,
+    control_refusal,
+    judge,
+    unavailable,
+)
 from .sleep_operations import SleepOperations
 from .states import State
 from .tasks import Tasks
 from .upstream import VllmClient
+from .weight_checksums import WeightChecksums
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
 from .worker_rpcs import RpcKind
 
@@ -79,17 +91,20 @@ class LifecycleCoordinator:
         self._lock = asyncio.Lock()
         self._late_rounds = LateReads(settings.late_rounds_before_failed)
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
+        self.checksums = WeightChecksums(settings, client, metrics)
         self.record = EngineRecord(
             metrics,
             self._refresh_gate,
-            on_weights_changed=verifier.forget_golden,
+            on_weights_changed=self._weights_changed,
             on_weights_discarded=lambda: self.end_forwarded_requests(
                 "the engine discarded its weights (a level-2 sleep) before this request ran"
             ),
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
-        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock)
-        self._sleep = SleepOperations(settings, self.record, self._calls, verifier, gate, metrics, self._memo)
+        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums)
+        self._sleep = SleepOperations(
+            settings, self.record, self._calls, verifier, gate, metrics, self._memo, self.checksums
+        )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
         previous = self._memo.load()
@@ -145,6 +160,7 @@ class LifecycleCoordinator:
                 for name, mark in sorted(self._verifier.adapters.items())
             },
             "lost_lora_adapters": sorted(self._verifier.lost_adapters),
+            "weight_checksums": self.checksums.snapshot(),
             "upstream": self._settings.upstream_shown,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
@@ -270,17 +286,22 @@ class LifecycleCoordinator:
             return from_vllm(await self._weights.run(call), None)
         return await self._sleep.run(call)
 
-    async def exclusive(self, work: Callable[[], Awaitable[T]], *, adapters_may_change: bool = True) -> T:
+    async def exclusive(
+        self, work: Callable[[], Awaitable[T]], *, adapters_may_change: bool = True, zeroes_weights: bool = False
+    ) -> T:
         """Run a control call that touches weights or memory (routes.RouteKind.SERIALIZED) after any lifecycle
         transition in progress, never during one; it is not held by a sleep or a pause. `adapters_may_change`: the
         call may load or unload a LoRA adapter (the forwarded serialized routes: their usual business), so what the
-        LoRA check recorded no longer holds."""
+        LoRA check recorded no longer holds. `zeroes_weights`: the call sets every weight to zero (/weight_checker
+        reset): the weights are marked so before it is sent, and stay so until weights are loaded again."""
         if (refusal := control_refusal(self.record.view())) is not None:
             raise refusal
         await self._acquire()
         try:
             if (refusal := control_refusal(self.record.view())) is not None:
                 raise refusal
+            if zeroes_weights:
+                self.record.weights_reset()
             return await self._watching_elastic_ep(work())
         finally:
             if adapters_may_change:
@@ -323,6 +344,8 @@ class LifecycleCoordinator:
             obs = await self._client.observe()
             if self._answered_late(obs):
                 return
+            if self.state is State.STARTING and not (obs.reachable and obs.healthy):
+                self.checksums.engine_starting(self.record.restarts)  # it comes up holding its checkpoint
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return
@@ -335,6 +358,9 @@ class LifecycleCoordinator:
                     if self._gate.inflight == 0:
                         await self._verifier.record_golden()
                     await self._verifier.record_adapters()
+                if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
+                    if self.checksums.checkpoint_due(self.record.restarts):
+                        await self.checksums.take_checkpoint()
 
     def _answered_late(self, obs: Observation) -> bool:
         """True for a reconcile round to pass over (proxy/observation.py `LateReads`): failing a busy engine refused
@@ -373,7 +399,7 @@ class LifecycleCoordinator:
             return False
         if obs.elastic is not None or not (obs.reachable and obs.healthy and obs.sleeping is False and not obs.paused):
             return False  # asleep or paused: nothing to re-check (a canary would be held); restart or reconcile
-        canary = self.record.weights_stale is not Staleness.DISCARDED
+        canary = self.record.weights_stale not in WEIGHTLESS
         if failure is FailureKind.LORA:
             check = await self._verifier.recheck_adapters()
         else:
@@ -383,6 +409,11 @@ class LifecycleCoordinator:
         self.record.healed(obs)
         self._verifier.note_awake(memory)
         return True
+
+    def _weights_changed(self) -> None:
+        """The engine's weights are not the ones they were: what was recorded from the old ones no longer holds."""
+        self._verifier.forget_golden()
+        self.checksums.weights_changed()
 
     def swap_out(self, for_engine: str | None) -> None:
         """Hold new requests while this engine is drained to be put to sleep for `for_engine`'s turn (the

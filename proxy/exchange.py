@@ -483,13 +483,14 @@ class SerializedForward(Answering):
     """A control call that touches weights or memory (routes.RouteKind.SERIALIZED): forwarded once no
     lifecycle transition of its engine is in progress, never during one; refused while the engine failed."""
 
-    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task")
+    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task", "_zeroes_weights")
 
     def __init__(
         self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
-        tasks: Tasks,
+        tasks: Tasks, zeroes_weights: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(client, request)
+        self._zeroes_weights = zeroes_weights  # /weight_checker reset (proxy/weight_checksums.py)
         self._engine = engine
         self._target = target
         self._drop = drop
@@ -502,7 +503,7 @@ class SerializedForward(Answering):
     async def _run(self) -> None:
         error: LifeguardError | None = None
         try:
-            await self._engine.coordinator.exclusive(self._forwarded)
+            await self._engine.coordinator.exclusive(self._forwarded, zeroes_weights=self._zeroes_weights)
         except LifeguardError as exc:
             error = exc
         except Exception as exc:

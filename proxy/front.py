@@ -39,6 +39,7 @@ from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind
 from .routing import GUARDED, Route, model_of
 from .rules import control_refusal
+from .weight_checksums import resets_weights
 from .wire import error_bytes
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -116,7 +117,10 @@ class Front:
                 on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
             )
         if kind is RouteKind.SERIALIZED:
-            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks)
+            zeroes = resets_weights(route.path, request.whole_body())
+            return SerializedForward(
+                client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks, zeroes_weights=zeroes
+            )
         if kind is RouteKind.AT_ONCE:
             if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
                 raise refusal

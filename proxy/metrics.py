@@ -91,7 +91,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
 ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough")
 
 #: Verification checks run after a lifecycle 200, and their results.
-CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora")
+CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora", "weights")
 CHECK_RESULTS: tuple[str, ...] = ("pass", "fail", "unavailable")
 
 #: Operating policies that can act on their own.
@@ -276,8 +276,15 @@ class Metrics:
         )
         self.weights_stale = Gauge(
             "lifeguard_weights_stale",
-            "1 while the engine's weights are known stale (after a level-2 sleep, until weights are "
-            "loaded again), else 0.",
+            "1 while the engine's weights are known stale (after a level-2 sleep, a /weight_checker reset or a "
+            "checksum mismatch, until weights are loaded again; after a restart, until a weight update), else 0.",
+            e,
+            registry=registry,
+        )
+        self.unchanged_updates = Counter(
+            "lifeguard_weight_updates_unchanged",
+            "Weight update sessions that finished with every weight checksum as before the session "
+            "(weight_checksums: always).",
             e,
             registry=registry,
         )
@@ -425,6 +432,7 @@ class EngineMetrics:
         self._drift = family.drift.labels(engine)
         self._restarts = family.restarts.labels(engine)
         self._weights_stale = family.weights_stale.labels(engine)
+        self._unchanged_updates = family.unchanged_updates.labels(engine)
         self._gpu_probe = family.gpu_probe.labels(engine)
         self._policies = _bind(family.policies, engine, POLICIES)
         self._unknown_route_children: dict[tuple[str, str], Counter] = {}
@@ -504,6 +512,10 @@ class EngineMetrics:
     def weights_stale(self, stale: bool) -> None:
         """Whether the engine's weights are stale now."""
         self._weights_stale.set(1 if stale else 0)
+
+    def weight_update_unchanged(self) -> None:
+        """A weight update session finished without changing any weight's checksum."""
+        self._unchanged_updates.inc()
 
     def gpu_memory(self, gpu: str, used_bytes: int, total_bytes: int) -> None:
         """The probe read ``used_bytes`` of ``total_bytes`` on device ``gpu`` (its index or UUID)."""

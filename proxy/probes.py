@@ -38,6 +38,7 @@ class CheckName(enum.StrEnum):
     MEMORY = "memory"
     CANARY = "canary"
     LORA = "lora"
+    WEIGHTS = "weights"  # vLLM's weight checksums (proxy/weight_checksums.py)
 
 
 class CheckResult(enum.StrEnum):

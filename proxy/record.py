@@ -21,7 +21,7 @@ from .elastic_ep import ElasticStatus, ElasticVerdict
 from .memo import Memo
 from .metrics import EngineMetrics
 from .observation import Observation
-from .rules import EngineView, FailureKind, Staleness, asleep_tags_for
+from .rules import WEIGHTLESS, EngineView, FailureKind, Staleness, asleep_tags_for
 from .states import Lifecycle, State
 
 __all__ = ["EngineRecord", "FailureKind"]
@@ -89,6 +89,8 @@ class EngineRecord:
         self.elastic: ElasticStatus | None = None
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
+        # Restarts of vLLM seen so far: a restarted vLLM holds its checkpoint (proxy/weight_checksums.py).
+        self.restarts = 0
         self.lifecycle = Lifecycle(self._on_state_change)
 
     @property
@@ -173,6 +175,12 @@ class EngineRecord:
             self._on_weights_discarded()
         if self.weights_stale is not Staleness.DISCARDED:
             self.mark_stale(Staleness.DISCARDED)
+
+    def weights_reset(self) -> None:
+        """vLLM is zeroing every weight (/weight_checker reset, its reset_weights RPC): what it queued must not run,
+        and nothing may run until weights are loaded again. Marked before the call is sent, like a level-2 sleep."""
+        self._on_weights_discarded()
+        self.mark_stale(Staleness.RESET)
 
     def fell_asleep_in_worker(self, tags: frozenset[str]) -> None:
         """A worker RPC freed `tags` behind vLLM's executor while the scheduler is paused (skyrl_sleep_for_weight_sync):
@@ -408,10 +416,11 @@ class EngineRecord:
         self.session_target = SessionTarget.MODEL
         self.adapter_round_armed = False
         self._set(weight_update_active=False, user_pause=None, asleep_tags=frozenset(), sleep_level=None)
-        # A /health that failed and came back looks the same as a restart: weights a level-2 sleep discarded
-        # stay discarded (inference held until a reload) rather than pass for a fresh checkpoint.
-        if self.weights_stale is not Staleness.DISCARDED:
+        # A /health that failed and came back looks the same as a restart: weights a level-2 sleep discarded (or a
+        # reset zeroed) stay so (inference held until a reload) rather than pass for a fresh checkpoint.
+        if self.weights_stale not in WEIGHTLESS:
             self.mark_stale(Staleness.RESTARTED)
+        self.restarts += 1
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes

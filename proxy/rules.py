@@ -40,6 +40,14 @@ class Staleness(enum.StrEnum):
 
     DISCARDED = "discarded"  # a level-2 sleep threw them away
     RESTARTED = "restarted"  # a restarted vLLM holds its initial checkpoint
+    RESET = "reset"  # /weight_checker {"action": "reset"} (vLLM's reset_weights) set every weight to zero
+    # vLLM's own checksums (/weight_checker) say the weights are not what they must be: a level-1 wake restored
+    # other bytes, or a reload did not produce the checkpoint (proxy/weight_checksums.py)
+    MISMATCH = "mismatch"
+
+
+#: Staleness under which vLLM holds no weights to serve from: inference is held until weights are loaded again.
+WEIGHTLESS = frozenset({Staleness.DISCARDED, Staleness.RESET, Staleness.MISMATCH})
 
 
 class FailureKind(enum.StrEnum):
@@ -308,7 +316,7 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.RUNNING:
         if (
             view.swapping_out_for is not None
-            or view.weights_stale is Staleness.DISCARDED
+            or view.weights_stale in WEIGHTLESS
             or (view.weights_stale is Staleness.RESTARTED and hold_while_restarted)
         ):
             return Admission.HOLD
@@ -329,6 +337,8 @@ NOT_SERVING_CAUSES = (
     "paused",
     "updating_weights",
     "weights_discarded",
+    "weights_reset",
+    "weights_mismatch",
     "weights_stale",
     "swapping_out",
     "scaling",
@@ -373,6 +383,12 @@ def serving_refusal(
         if view.weights_stale is Staleness.DISCARDED:
             why = "a level-2 sleep discarded the weights; inference is held until they are loaded again"
             return NotServing(why, state=state.value, cause="weights_discarded")
+        if view.weights_stale is Staleness.RESET:
+            why = "/weight_checker reset set every weight to zero; inference is held until weights are loaded again"
+            return NotServing(why, state=state.value, cause="weights_reset")
+        if view.weights_stale is Staleness.MISMATCH:
+            why = "vLLM's weight checksums are not what they must be; inference is held until weights are loaded again"
+            return NotServing(why, state=state.value, cause="weights_mismatch")
         why = "vLLM restarted and holds its initial checkpoint; inference is held until a weight update or reload"
         return NotServing(why, state=state.value, cause="weights_stale")
     cause, why = _NOT_SERVING_IN[state]

@@ -19,10 +19,11 @@ from .gate import RequestGate
 from .memo import StateMemo
 from .metrics import EngineMetrics
 from .outcome import Outcome, from_vllm
-from .probes import CheckName, Expectation, MemoryChange, Verdict, Verifier
+from .probes import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
 from .record import EngineRecord, FailureKind
-from .rules import Staleness, wake_targets
+from .rules import WEIGHTLESS, Staleness, wake_targets
 from .states import State
+from .weight_checksums import WeightChecksums
 from .worker_rpcs import RpcKind
 
 SLEEP_OPERATIONS = frozenset({"sleep", "wake_up", "release_kv_cache_memory", "pause", "resume"})
@@ -38,6 +39,7 @@ class SleepOperations:
         gate: RequestGate,
         metrics: EngineMetrics,
         memo: StateMemo,
+        checksums: WeightChecksums,
     ) -> None:
         self._settings = settings
         self._record = record
@@ -46,6 +48,7 @@ class SleepOperations:
         self._gate = gate
         self._metrics = metrics
         self._memo = memo
+        self._checksums = checksums
 
     async def run(self, call: LifecycleCall) -> Outcome:
         """One of SLEEP_OPERATIONS, under the coordinator's lock."""
@@ -120,6 +123,9 @@ class SleepOperations:
             await self._verifier.record_adapters()  # an adapter loaded since the last round is found again too
         if prev is not State.SLEEPING:
             self._verifier.adapters_before_sleep()
+        # Taken before the gate holds anything: the weights a level-1 wake must bring back bit for bit.
+        current = prev in (State.RUNNING, State.PAUSED) and self._record.weights_stale is None
+        await self._checksums.before_sleep(level if current else None)
         if prev is State.SLEEPING:
             self._record.lifecycle.begin_sleep_again()
         else:
@@ -165,7 +171,7 @@ class SleepOperations:
         memory = None
         if view.sleep_level != 0:
             memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
-        canary = full and self._record.weights_stale is not Staleness.DISCARDED
+        canary = full and self._record.weights_stale not in WEIGHTLESS
         verdict = await self._verifier.verify(
             Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
             memory_before=before,
@@ -183,6 +189,12 @@ class SleepOperations:
             return from_vllm(reply, verdict)
         if verdict.memory is not None:
             self._verifier.note_awake(verdict.memory)
+        # Inside the wake, inference still held: the weights must be those before a level-1 sleep, bit for bit.
+        weights = await self._checksums.check_wake()
+        if weights is not None:
+            verdict.checks.append(weights)
+            if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
+                self._record.mark_stale(Staleness.MISMATCH)
         if (mode := self._record.user_pause) is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
             await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)
@@ -190,9 +202,13 @@ class SleepOperations:
             if repaused.failed is not None:
                 raise self._lie(call, repaused, hint=State.PAUSED)
             self._record.settle(State.PAUSED)
-            return from_vllm(reply, verdict, pause_kept=mode)
-        self._record.settle(State.RUNNING)
-        return from_vllm(reply, verdict)
+            outcome = from_vllm(reply, verdict, pause_kept=mode)
+        else:
+            self._record.settle(State.RUNNING)
+            outcome = from_vllm(reply, verdict)
+        if weights is not None and weights.result is CheckResult.FAIL:
+            raise self._lie(call, verdict, hint=State.RUNNING, adopt=False)
+        return outcome
 
     async def release_kv_cache_memory(self, call: LifecycleCall) -> Outcome:
         before = await self._verifier.read_memory()

@@ -10,6 +10,10 @@ speculative-decoding drafter (vLLM 0.32 `gpu_worker.py`: the same one-at-a-time 
 model's weights again only when the session wrote them: a drafter's session, or a round that
 `skyrl_set_lora_receive_target` armed to build a LoRA adapter, leaves weights a level-2 sleep discarded
 discarded.
+
+`/collective_rpc` `reset_weights` (what `/weight_checker`'s reset runs) zeroes the weights: marked before it is
+sent. A reload of the checkpoint, and a finished session, are checked by the weights' checksums
+(proxy/weight_checksums.py).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import NoReturn
 from .calls import LifecycleCall
 from .config import Settings
 from .engine_calls import EngineCalls
-from .errors import UpstreamBadStatus, WeightsAsleep, WeightUpdateSessionLost
-from .record import EngineRecord
-from .rules import START_OPERATIONS
+from .errors import UpstreamBadStatus, VerificationFailed, WeightsAsleep, WeightUpdateSessionLost
+from .probes import CheckName, CheckResult
+from .record import EngineRecord, SessionTarget
+from .rules import START_OPERATIONS, Staleness
 from .states import State
 from .upstream import Reply
+from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
@@ -38,8 +44,16 @@ WEIGHT_OPERATIONS = frozenset(
 
 
 class WeightUpdates:
-    def __init__(self, settings: Settings, record: EngineRecord, calls: EngineCalls, lock: asyncio.Lock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        record: EngineRecord,
+        calls: EngineCalls,
+        lock: asyncio.Lock,
+        checksums: WeightChecksums,
+    ) -> None:
         self._settings = settings
+        self._checksums = checksums
         self._record = record
         self._calls = calls
         self._lock = lock
@@ -77,6 +91,8 @@ class WeightUpdates:
 
     async def _start(self, call: LifecycleCall) -> Reply:
         prev = self._record.state
+        if call.op == "start_weight_update":  # before the gate holds anything: what the session must change
+            await self._checksums.session_starting(weights_current=self._record.weights_stale is None)
         self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, f"/{call.op}", hint=prev)
@@ -106,17 +122,38 @@ class WeightUpdates:
             if _says_no_session(exc):
                 await self._session_lost(exc)
             raise
+        wrote_model = self._record.session_target is SessionTarget.MODEL
         self._record.session_closed()
         self._record.settle(self._record.return_state)
+        if wrote_model:  # after the gate let inference go again: a report, never a reason to hold it
+            await self._checksums.session_finished()
         return reply
 
     async def _collective_rpc(self, call: LifecycleCall) -> Reply:
+        if call.rpc_method == RESET_RPC:
+            self._record.weights_reset()
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
+            await self._check_reload(call)
             self._record.weights_loaded()
         elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
             self._record.adapter_round_armed = True
         return reply
+
+    async def _check_reload(self, call: LifecycleCall) -> None:
+        """A reload of the checkpoint must produce the checkpoint's checksums; if not, the weights stay held."""
+        if not reloads_checkpoint(call.rpc_method, call.body):
+            return
+        check = await self._checksums.check_reload()
+        if check is None or check.result is not CheckResult.FAIL:
+            return
+        self._record.mark_stale(Staleness.MISMATCH)
+        self._checksums.lie_caught(call.op)
+        raise VerificationFailed(
+            f"vLLM answered /collective_rpc {call.rpc_method} 200 but {check.name} check failed: {check.detail}",
+            check=CheckName.WEIGHTS,
+            verification=f"{check.name}={check.result}",
+        )
 
     async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
         """vLLM holds no weight update session while we hold one: it restarted between two reconcile

@@ -1,0 +1,222 @@
+"""vLLM's `/weight_checker` through the proxy (issue 42): a `reset` zeroes the weights, so nothing runs on them
+until weights are loaded again; and the weights' own checksums as verification (`weight_checksums`): a wake that
+restores other weights, a reload that does not produce the checkpoint, an update that changed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiohttp import ClientResponse
+
+from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS
+
+from .conftest import Stack
+
+RELOAD = {"method": "reload_weights"}
+
+
+def _background(stack: Stack) -> asyncio.Task[ClientResponse]:
+    async def post() -> ClientResponse:
+        resp: ClientResponse = await stack.completion()
+        await resp.read()
+        return resp
+
+    return asyncio.ensure_future(post())
+
+
+async def _text(resp: ClientResponse) -> str:
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return str(body["choices"][0]["text"])
+
+
+async def _checksums(stack: Stack) -> dict[str, str]:
+    resp = await stack.client.post("/weight_checker", json={"action": "checksum"})
+    assert resp.status == 200, await resp.text()
+    body: dict[str, dict[str, str]] = await resp.json()
+    return body["checksums"]
+
+
+async def _metric(stack: Stack, line: str) -> bool:
+    return line in await (await stack.client.get("/lifeguard/metrics")).text()
+
+
+async def _held_then_dropped(stack: Stack) -> None:
+    generated = stack.sim_count("generate")
+    task = _background(stack)
+    await stack.wait_held(1)
+    assert not task.done() and stack.sim_count("generate") == generated
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _restarted_engine(stack: Stack) -> None:
+    """vLLM restarts (seen by the proxy): it holds its checkpoint again, whose checksums the proxy takes."""
+    stack.sim.die("the test restarts vLLM")
+    await stack.wait_state("FAILED")
+    stack.sim.restart()
+    await stack.wait_for(lambda s: s["state"] == "RUNNING" and s["weight_checksums"]["checkpoint_tensors"] == 8)
+
+
+# ----- reset
+async def test_a_reset_holds_inference_until_reload_weights_then_answers_with_the_checkpoints_text(make_stack):
+    stack = await make_stack()
+    before = await _checksums(stack)
+    assert sorted(before) == sorted(PREFIX + name for name in TENSORS)
+    expected = await _text(await stack.completion())
+    generated = stack.sim_count("generate")
+
+    resp = await stack.client.post("/weight_checker", json={"action": "reset"})
+
+    assert resp.status == 200 and await resp.json() == {"status": "reset"}
+    state = await stack.state()
+    assert state["state"] == "RUNNING" and state["weights_stale"] is True and state["weights_stale_reason"] == "reset"
+    assert await _metric(stack, 'lifeguard_weights_stale{engine="default"} 1.0')
+    serving = await stack.client.get("/lifeguard/serving")
+    assert serving.status == 503 and (await serving.json())["error"]["cause"] == "weights_reset"
+    task = _background(stack)
+    await stack.wait_held(1)
+    assert not task.done() and stack.sim_count("generate") == generated  # nothing ran on the zeroed weights
+
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200
+
+    assert await _text(await task) == expected
+    compare = await stack.client.post("/weight_checker", json={"action": "compare", "baseline": before})
+    assert await compare.json() == {"match": True, "mismatches": []}
+    assert (await stack.state())["weights_stale"] is False
+    assert stack.sim.violations == []
+
+
+async def test_a_reset_through_reset_weights_is_held_until_a_weight_update_session_finishes(make_stack):
+    stack = await make_stack()
+    assert (await stack.client.post("/collective_rpc", json={"method": "reset_weights"})).status == 200
+    assert (await stack.state())["weights_stale_reason"] == "reset"
+    task = _background(stack)
+    await stack.wait_held(1)
+
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"names": ["w"]}}),
+        ("/finish_weight_update", {}),
+    ):
+        assert (await stack.client.post(path, json=body)).status == 200, path
+
+    assert (await task).status == 200
+    assert (await stack.state())["weights_stale"] is False
+    assert stack.sim.violations == []
+
+
+async def test_checksum_and_compare_only_read_the_weights(make_stack):
+    stack = await make_stack()
+    before = await _checksums(stack)
+    compare = await stack.client.post("/weight_checker", json={"action": "compare", "baseline": {"x": "0"}})
+    assert compare.status == 200 and (await compare.json())["match"] is False
+    assert (await stack.state())["weights_stale"] is False
+    assert (await stack.completion()).status == 200
+    assert await _checksums(stack) == before
+
+
+async def test_a_bad_weight_checker_action_is_vllms_400_and_changes_nothing(make_stack):
+    stack = await make_stack()
+    resp = await stack.client.post("/weight_checker", json={"action": "zero"})
+    assert resp.status == 400 and "literal_error" in await resp.text()
+    resp = await stack.client.post("/weight_checker", json={"action": "compare"})
+    assert resp.status == 400 and "requires a 'baseline'" in await resp.text()
+    assert (await stack.state())["weights_stale"] is False
+
+
+# ----- the weights' checksums as verification
+async def test_an_honest_level_1_cycle_compares_the_weights_and_passes(make_stack):
+    stack = await make_stack(weight_checksums="always")
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 200, await resp.text()
+    assert "weights=pass" in resp.headers["X-Lifeguard-Verified"]
+    assert (await stack.completion()).status == 200
+
+
+async def test_a_wake_that_restores_other_weights_is_503_naming_the_tensor_and_holds_inference(make_stack):
+    stack = await make_stack(weight_checksums="always")
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 503
+    error = (await resp.json())["error"]
+    assert error["reason"] == "verification_failed" and PREFIX + ALTERED_TENSOR in error["message"]
+    assert "1 of 8 weight tensors differ from before the sleep" in error["message"]
+    state = await stack.state()
+    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "mismatch"  # awake, as vLLM is
+    failed = next(c for c in state["last_verification"]["checks"] if c["result"] == "fail")
+    assert failed["name"] == "weights" and failed["value"] == [PREFIX + ALTERED_TENSOR]
+    assert await _metric(stack, 'lifeguard_lies_caught_total{check="weights",engine="default",operation="wake_up"} 1.0')
+    await _held_then_dropped(stack)
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200  # weights loaded again
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_off_takes_no_checksum_and_passes_the_same_lying_wake(make_stack):
+    stack = await make_stack(weight_checksums="off")
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+    assert (await stack.client.post("/wake_up")).status == 200
+    assert stack.sim_count("weight_checksums") == 0
+
+
+async def test_a_reload_that_does_not_produce_the_checkpoint_is_503_and_held_until_one_does(make_stack):
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200
+    stack.faults("collective_rpc:lie-weights")  # the checkpoint's file changed on disk
+
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+
+    assert resp.status == 503
+    error = (await resp.json())["error"]
+    assert error["reason"] == "verification_failed"
+    assert f"differ from the checkpoint's checksums: {PREFIX + ALTERED_TENSOR}" in error["message"]
+    assert (await stack.state())["weights_stale_reason"] == "mismatch"
+    await _held_then_dropped(stack)
+
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)  # the file put back: the checkpoint again
+    assert resp.status == 200, await resp.text()
+    assert (await stack.state())["weights_stale"] is False
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_reload_from_another_path_is_a_deliberate_load_not_compared_with_the_checkpoint(make_stack):
+    stack = await make_stack()
+    await _restarted_engine(stack)
+    stack.faults("collective_rpc:lie-weights")
+    body = {"method": "reload_weights", "kwargs": {"weights_path": "/models/step-7"}}
+    assert (await stack.client.post("/collective_rpc", json=body)).status == 200
+
+
+async def test_an_update_session_that_changed_no_tensor_is_reported_not_failed(make_stack):
+    stack = await make_stack(weight_checksums="always")
+    assert (await stack.client.post("/start_weight_update", json={})).status == 200
+    resp = await stack.client.post("/finish_weight_update", json={})  # nothing was sent
+
+    assert resp.status == 200
+    assert await _metric(stack, 'lifeguard_weight_updates_unchanged_total{engine="default"} 1.0')
+    last = (await stack.state())["weight_checksums"]["last_check"]
+    assert last["result"] == "pass" and "changed none of the 8 tensors" in last["detail"]
+
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"names": ["w"]}}),
+        ("/finish_weight_update", {}),
+    ):
+        assert (await stack.client.post(path, json=body)).status == 200, path
+    assert await _metric(stack, 'lifeguard_weight_updates_unchanged_total{engine="default"} 1.0')
+    assert (await stack.state())["weight_checksums"]["last_check"]["detail"] == "new baseline taken"
