@@ -201,3 +201,18 @@ async def test_a_proxy_restarted_while_skyrls_worker_holds_the_memory_asleep_sti
         assert (await client.post("/collective_rpc", json=rpc)).status == 200
     assert (await client.post("/resume")).status == 200
     assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_a_proxy_restarted_after_a_weight_checker_reset_holds_until_a_reload(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/weight_checker", json={"action": "reset"})).status == 200
+    client = await _restarted(stack, serve_lifeguard)  # vLLM is awake and says nothing of the zeroed weights
+    state = await _state(client)
+    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "reset"
+
+    request = await _held(client)
+    assert (await client.post("/collective_rpc", json={"method": "reload_weights"})).status == 200
+    assert (await request).status == 200
+    assert stack.sim.violations == []
