@@ -19,6 +19,10 @@ held there already) and with its own deadline (`weight_checksum_timeout_s`):
 * `always`: also before a level-1 sleep and after its wake (the weights must come back bit-exact), and around a
   weight update session (its checksums become the baseline; an update that changed nothing is reported).
 
+On vLLM-for-CPU the linear layers' weights are repacked for oneDNN and their parameters left empty
+(`dispatch_cpu_unquantized_gemm` in `vllm/model_executor/layers/utils.py`): their digest is the empty string's, the
+same whatever the layer computes with, so there only the embeddings and norms are evidence; the detail says so.
+
 A checksum that cannot be read (a vLLM without `/weight_checker`, a deadline passed) is `unavailable`, never a
 failure. Each comparison is a `Check` (proxy/probes.py); the caller decides what state it means.
 """
@@ -26,6 +30,7 @@ failure. Each comparison is a `Check` (proxy/probes.py); the caller decides what
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import time
@@ -44,6 +49,8 @@ Digests = dict[str, str]
 WEIGHT_CHECKER = "/weight_checker"
 #: The worker method vLLM's `reset` action runs; also callable through `/collective_rpc`.
 RESET_RPC = "reset_weights"
+#: The digest of a tensor with no bytes: vLLM-for-CPU leaves its repacked linear layers' parameters empty.
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 #: How many tensor names an error message lists before "and N more".
 _NAMED = 8
 
@@ -206,7 +213,11 @@ class WeightChecksums:
         if differ:
             detail = f"{len(differ)} of {len(expected)} weight tensors differ from {what} checksums: {named(differ)}"
             return Check(CheckName.WEIGHTS, CheckResult.FAIL, detail, differ)
-        return Check(CheckName.WEIGHTS, CheckResult.PASS, f"{len(now)} tensors match {what} checksums")
+        empty = sum(1 for digest in now.values() if digest == EMPTY_DIGEST)
+        detail = f"{len(now)} tensors match {what} checksums"
+        if empty:
+            detail += f" ({empty} of them empty in vLLM, as vLLM-for-CPU leaves repacked linear layers: no evidence)"
+        return Check(CheckName.WEIGHTS, CheckResult.PASS, detail)
 
     async def _take(self) -> tuple[Digests | None, str | None]:
         """vLLM's checksums, or None and why not, within the deadline."""

@@ -7,6 +7,7 @@ checkpoint again before it ends, so the engine is left as it was found.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 
@@ -15,6 +16,7 @@ import pytest
 from conformance.api import VllmApi
 
 RELOAD = {"method": "reload_weights"}
+EMPTY = hashlib.sha256(b"").hexdigest()
 
 
 async def _checksums(vllm: VllmApi) -> dict[str, str]:
@@ -70,7 +72,10 @@ async def test_reset_zeroes_every_tensor_until_reload_weights_brings_the_checkpo
 
     assert (answer.status, answer.body) == (200, {"status": "reset"})
     compare = await vllm.call("POST", "/weight_checker", json_body={"action": "compare", "baseline": before})
-    assert compare.body == {"match": False, "mismatches": sorted(before)}  # every tensor: all set to zero
+    # Every tensor with bytes is zeroed. vLLM-for-CPU repacks its linear layers for oneDNN and leaves their
+    # parameters empty (`dispatch_cpu_unquantized_gemm`): their digest is the empty string's, before and after.
+    zeroed_keys = sorted(key for key, digest in before.items() if digest != EMPTY)
+    assert compare.body == {"match": False, "mismatches": zeroed_keys}
     zeroed = (await vllm.completion(prompt="Paris is the capital of", max_tokens=8, ignore_eos=True)).body
     assert zeroed["choices"][0]["text"] != golden["choices"][0]["text"]
     assert (await vllm.call("POST", "/collective_rpc", json_body=RELOAD)).status == 200
