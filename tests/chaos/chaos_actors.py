@@ -363,6 +363,8 @@ FAULT_OPS: dict[str, tuple[str, ...]] = {
     "hang": GENERAL_OPS,
     "lie-asleep": ("sleep", "wake_up", "pause", "resume"),
     "lie-memory": ("sleep", "wake_up"),
+    # a wake that restores other weights, a reload of a changed checkpoint file: caught by the weights' checksums
+    "lie-weights": ("wake_up", "collective_rpc"),
     "lie-dead": GENERAL_OPS,
     "garbage": GENERAL_OPS,
     "slow": GENERAL_OPS,

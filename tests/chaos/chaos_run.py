@@ -88,6 +88,8 @@ PROXY_ENV = {
     "LIFEGUARD_LIFECYCLE_QUEUE_TIMEOUT_S": "20",
     "LIFEGUARD_CONTROL_CALL_TIMEOUT_S": "2",
     "LIFEGUARD_CANARY_TIMEOUT_S": "3",
+    "LIFEGUARD_WEIGHT_CHECKSUMS": "always",  # every level-1 wake and reload compared (the lie-weights fault)
+    "LIFEGUARD_WEIGHT_CHECKSUM_TIMEOUT_S": "3",
     "LIFEGUARD_MAX_HELD_REQUESTS": "400",
     "LIFEGUARD_SHUTDOWN_GRACE_S": "3",
     "LIFEGUARD_LOG_LEVEL": os.environ.get("CHAOS_PROXY_LOG_LEVEL", "warning"),  # info: every lifecycle op
