@@ -413,7 +413,7 @@ class LifecycleCoordinator:
     def _weights_changed(self) -> None:
         """The engine's weights are not the ones they were: what was recorded from the old ones no longer holds."""
         self._verifier.forget_golden()
-        self.checksums.weights_changed()
+        self.checksums.weights_changed(self.record.restarts)
 
     def swap_out(self, for_engine: str | None) -> None:
         """Hold new requests while this engine is drained to be put to sleep for `for_engine`'s turn (the

@@ -123,9 +123,9 @@ class SleepOperations:
             await self._verifier.record_adapters()  # an adapter loaded since the last round is found again too
         if prev is not State.SLEEPING:
             self._verifier.adapters_before_sleep()
-        # Taken before the gate holds anything: the weights a level-1 wake must bring back bit for bit.
-        current = prev in (State.RUNNING, State.PAUSED) and self._record.weights_stale is None
-        await self._checksums.before_sleep(level if current else None)
+            # Taken before the gate holds anything: the weights a level-1 wake must bring back bit for bit.
+            current = self._record.weights_stale is None and not self._record.asleep_tags
+            await self._checksums.before_sleep(level if current else None)
         if prev is State.SLEEPING:
             self._record.lifecycle.begin_sleep_again()
         else:

@@ -132,10 +132,11 @@ class WeightChecksums:
         """vLLM is not up yet and this proxy watches it come up: when it is, it holds its checkpoint."""
         self._checkpoint_window = restarts
 
-    def weights_changed(self) -> None:
-        """The weights were loaded, written, discarded or zeroed through the proxy (or a restart, counted right after
-        this): whatever they are now is not known to be the checkpoint."""
+    def weights_changed(self, restarts: int) -> None:
+        """The weights were loaded, written, discarded or zeroed through the proxy, `restarts` restarts in (a restart
+        itself is counted right after this): whatever they are now is not known to be the checkpoint."""
         self._checkpoint_window = None
+        self._restarts = restarts
         self._before_sleep = None
 
     def checkpoint_due(self, restarts: int) -> bool:

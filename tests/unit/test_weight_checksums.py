@@ -91,11 +91,14 @@ async def test_the_checkpoint_is_due_only_while_the_weights_are_known_to_be_the_
     assert not checksums.checkpoint_due(0)  # started in front of a running vLLM: its weights may be trained ones
     checksums.engine_starting(0)  # seen coming up
     assert checksums.checkpoint_due(0)
-    checksums.weights_changed()  # an update got in first
+    checksums.weights_changed(0)  # an update got in first
     assert not checksums.checkpoint_due(0)
     assert checksums.checkpoint_due(1)  # a restart: it loaded its checkpoint again
-    checksums.weights_changed()
+    checksums.weights_changed(1)
     assert not checksums.checkpoint_due(1)
+    checksums.weights_changed(1)  # the next restart (its own mark is made before it is counted) ...
+    checksums.weights_changed(2)  # ... and an update before any round saw the engine RUNNING again
+    assert not checksums.checkpoint_due(2)
     assert not off.checkpoint_due(1)
 
 
