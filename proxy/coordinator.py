@@ -344,12 +344,14 @@ class LifecycleCoordinator:
             obs = await self._client.observe()
             if self._answered_late(obs):
                 return
-            if self.state is State.STARTING and not (obs.reachable and obs.healthy):
-                self.checksums.engine_starting(self.record.restarts)  # it comes up holding its checkpoint
+            if not obs.reachable and not obs.timed_out:
+                self.checksums.engine_gone()  # refused or reset: whatever answers next is a new process
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
+            if obs.reachable and obs.healthy:
+                self.checksums.engine_answers()
             if self.state is State.RUNNING and not self.record.weight_update_active:
                 self._verifier.note_awake(memory)
                 if self.record.weights_stale is None:
@@ -359,7 +361,7 @@ class LifecycleCoordinator:
                         await self._verifier.record_golden()
                     await self._verifier.record_adapters()
                 if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
-                    if self.checksums.checkpoint_due(self.record.restarts):
+                    if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
 
     def _answered_late(self, obs: Observation) -> bool:
@@ -413,7 +415,7 @@ class LifecycleCoordinator:
     def _weights_changed(self) -> None:
         """The engine's weights are not the ones they were: what was recorded from the old ones no longer holds."""
         self._verifier.forget_golden()
-        self.checksums.weights_changed(self.record.restarts)
+        self.checksums.weights_changed()
 
     def swap_out(self, for_engine: str | None) -> None:
         """Hold new requests while this engine is drained to be put to sleep for `for_engine`'s turn (the

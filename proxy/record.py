@@ -89,8 +89,6 @@ class EngineRecord:
         self.elastic: ElasticStatus | None = None
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
-        # Restarts of vLLM seen so far: a restarted vLLM holds its checkpoint (proxy/weight_checksums.py).
-        self.restarts = 0
         self.lifecycle = Lifecycle(self._on_state_change)
 
     @property
@@ -420,7 +418,6 @@ class EngineRecord:
         # reset zeroed) stay so (inference held until a reload) rather than pass for a fresh checkpoint.
         if self.weights_stale not in WEIGHTLESS:
             self.mark_stale(Staleness.RESTARTED)
-        self.restarts += 1
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes

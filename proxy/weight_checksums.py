@@ -13,9 +13,10 @@ so `weight_checksums` says when the proxy asks for one, always inside the transi
 held there already) and with its own deadline (`weight_checksum_timeout_s`):
 
 * `off`: never;
-* `reloads`: the checkpoint's checksums are taken while the weights are known to be the checkpoint's (the
-  proxy saw vLLM start, or restart); a reload of the checkpoint through `/collective_rpc` (a level-2 wake's
-  reload included) is compared with them;
+* `reloads`: the checkpoint's checksums are taken while the weights are known to be the checkpoint's: a vLLM
+  process this proxy saw start (nothing listened, a reconcile round's connection refused or reset, then vLLM
+  answers: a new process, holding the checkpoint it loaded); a reload of the checkpoint through `/collective_rpc`
+  (a level-2 wake's reload included) is compared with them;
 * `always`: also before a level-1 sleep and after its wake (the weights must come back bit-exact), and around a
   weight update session (its checksums become the baseline; an update that changed nothing is reported).
 
@@ -117,10 +118,10 @@ class WeightChecksums:
         # The checkpoint vLLM was started with, and when its checksums were taken.
         self.checkpoint: Digests | None = None
         self.checkpoint_at: float | None = None
-        # The record's restart count while the weights are known to be the checkpoint's, not yet digested
-        # (None: they are not known to be); and the last count seen.
-        self._checkpoint_window: int | None = None
-        self._restarts = 0
+        # Nothing listened at vLLM's address: whatever answers next is a new process.
+        self._gone = False
+        # The weights are known to be the checkpoint's, and its checksums are not taken yet.
+        self._checkpoint_window = False
         self._before_sleep: Digests | None = None
         self._before_update: Digests | None = None
         self.last: Check | None = None
@@ -128,33 +129,39 @@ class WeightChecksums:
         self.last_seconds: float | None = None
 
     # ----- when the weights are the checkpoint's
-    def engine_starting(self, restarts: int) -> None:
-        """vLLM is not up yet and this proxy watches it come up: when it is, it holds its checkpoint."""
-        self._checkpoint_window = restarts
+    def engine_gone(self) -> None:
+        """A connection to vLLM was refused or reset (not a late answer): no process serves there now."""
+        self._gone = True
+        self._checkpoint_window = False
 
-    def weights_changed(self, restarts: int) -> None:
-        """The weights were loaded, written, discarded or zeroed through the proxy, `restarts` restarts in (a restart
-        itself is counted right after this): whatever they are now is not known to be the checkpoint."""
-        self._checkpoint_window = None
-        self._restarts = restarts
+    def engine_answers(self) -> None:
+        """vLLM answered healthy. After `engine_gone` it is a process started since, holding its checkpoint. A
+        /health that merely went unanswered for a while proves nothing of the kind (the record then assumes a
+        restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later reload)."""
+        if self._gone:
+            self._gone = False
+            self._checkpoint_window = True
+
+    def weights_changed(self) -> None:
+        """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
+        to be the checkpoint."""
+        self._checkpoint_window = False
         self._before_sleep = None
 
-    def checkpoint_due(self, restarts: int) -> bool:
+    @property
+    def checkpoint_due(self) -> bool:
         """Whether the checkpoint's checksums should be taken now (on an engine RUNNING with current weights)."""
-        if restarts != self._restarts:
-            self._restarts = restarts
-            self._checkpoint_window = restarts  # a restarted vLLM loaded its checkpoint again
-        return self.mode is not ChecksumMode.OFF and self._checkpoint_window == restarts
+        return self.mode is not ChecksumMode.OFF and self._checkpoint_window
 
     async def take_checkpoint(self) -> None:
         digests, problem = await self._take()
         if digests is None:
             log.warning("the checkpoint's weight checksums could not be read: %s", problem,
                         extra={"event": "weight_checksums_unavailable"})  # fmt: skip
-            self._checkpoint_window = None  # not asked again each round; the next restart tries again
+            self._checkpoint_window = False  # not asked again each round; the next start tries again
             return
         self.checkpoint, self.checkpoint_at = digests, time.time()
-        self._checkpoint_window = None
+        self._checkpoint_window = False
         log.info("the checkpoint's weight checksums taken: %d tensors", len(digests),
                  extra={"event": "weight_checksums_checkpoint", "tensors": len(digests)})  # fmt: skip
 

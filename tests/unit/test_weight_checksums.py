@@ -88,18 +88,20 @@ async def test_the_checkpoint_is_due_only_while_the_weights_are_known_to_be_the_
     async with aiohttp.ClientSession() as session:
         checksums = _checksums("reloads", session)
         off = _checksums("off", session)
-    assert not checksums.checkpoint_due(0)  # started in front of a running vLLM: its weights may be trained ones
-    checksums.engine_starting(0)  # seen coming up
-    assert checksums.checkpoint_due(0)
-    checksums.weights_changed(0)  # an update got in first
-    assert not checksums.checkpoint_due(0)
-    assert checksums.checkpoint_due(1)  # a restart: it loaded its checkpoint again
-    checksums.weights_changed(1)
-    assert not checksums.checkpoint_due(1)
-    checksums.weights_changed(1)  # the next restart (its own mark is made before it is counted) ...
-    checksums.weights_changed(2)  # ... and an update before any round saw the engine RUNNING again
-    assert not checksums.checkpoint_due(2)
-    assert not off.checkpoint_due(1)
+    checksums.engine_answers()
+    assert not checksums.checkpoint_due  # started in front of a running vLLM: its weights may be trained ones
+    checksums.engine_gone()  # refused: nothing listens
+    checksums.engine_answers()  # a process started since
+    assert checksums.checkpoint_due
+    checksums.weights_changed()  # an update got in first
+    assert not checksums.checkpoint_due
+    checksums.engine_gone()
+    checksums.weights_changed()  # the record's own "restarted" mark, made when vLLM is back
+    checksums.engine_answers()
+    assert checksums.checkpoint_due
+    off.engine_gone()
+    off.engine_answers()
+    assert not off.checkpoint_due
 
 
 async def test_no_checkpoint_known_makes_the_reload_check_unavailable_not_failed() -> None:
@@ -134,12 +136,12 @@ def test_reset_or_mismatched_weights_hold_inference_until_weights_are_loaded(rea
     assert admission(record.view(), on_sleeping="hold", hold_while_restarted=False) is Admission.FORWARD
 
 
-def test_a_restart_seen_after_a_reset_keeps_the_weights_held_and_is_counted() -> None:
+def test_a_restart_seen_after_a_reset_keeps_the_weights_held() -> None:
     record = _running_record([])
     record.weights_reset()
     record.reconcile_with(REFUSED)
     record.reconcile_with(AWAKE)  # back: looks like a restart, may be a /health that failed and came back
-    assert record.weights_stale is Staleness.RESET and record.restarts == 1
+    assert record.weights_stale is Staleness.RESET
 
 
 def test_a_reset_reads_back_from_the_state_file(tmp_path: Path) -> None:
