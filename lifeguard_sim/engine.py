@@ -31,6 +31,7 @@ from lifeguard_sim import errors
 from lifeguard_sim.errors import EngineGone
 from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
+from lifeguard_sim.prefix_cache import PrefixCache
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
 from lifeguard_sim.shared_gpu import SharedGpuFile
@@ -107,6 +108,8 @@ class Engine:
         # fp8_kv_cache: the attention layers' _q_scale was lost with discarded weights (a broadcast does not carry it).
         self.q_scale_lost = False
         self.weight_version = "default"
+        self.prefix_cache = PrefixCache(self.settings.block_size)  # a new process starts with an empty one
+        self.weights_committed_at = 0.0  # time.time() of the last answered weight change (finish, reload)
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
         self.lora_adapters: dict[str, str] = {}  # name -> path; a restarted vLLM has none
@@ -355,6 +358,8 @@ class Engine:
         started = time.monotonic()
         if fired.kind != "lie-asleep":
             await self.scheduler.pause(mode)
+            if level >= 1 and self.scheduler.running == 0:
+                self.prefix_cache.reset()  # EngineCore.sleep pauses with clear_cache for a level >= 1
             async with self._lock:
                 if not self.executor_tags and level == 0:
                     self.scheduling_asleep = True
@@ -484,7 +489,10 @@ class Engine:
     def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
         self.counters["reset_prefix_cache"] += 1
         self.check_alive()
-        return {"success": reset_running or self.scheduler.running == 0}
+        success = reset_running or self.scheduler.running == 0
+        if success:
+            self.prefix_cache.reset()
+        return {"success": success}
 
     # --- weights
     async def collective_rpc(self, method: str, kwargs: dict[str, object] | None = None) -> dict[str, object] | None:
@@ -501,6 +509,8 @@ class Engine:
                 self.weights_valid = True
                 self.garbage = False
                 self.q_scale_lost = False  # the checkpoint's scales come back with it
+                self.weight_writes = 0  # reloaded from the model's files on disk: the checkpoint again
+                self.weights_committed_at = time.time()
         self.after(fired)
         return None
 
@@ -675,6 +685,7 @@ class Engine:
             else:
                 self.weights_valid = True
                 self.garbage = False
+                self.weights_committed_at = time.time()
             if version is not None:
                 self.weight_version = version
         self.after(fired)
