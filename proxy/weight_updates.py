@@ -113,7 +113,7 @@ class WeightUpdates:
     async def _collective_rpc(self, call: LifecycleCall) -> Reply:
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
-            self._record.weights_loaded()
+            self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
         elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
             self._record.adapter_round_armed = True
         return reply
