@@ -9,7 +9,9 @@ answer; through the proxy it does not, whatever the trainer's order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -42,16 +44,19 @@ async def _text(resp: aiohttp.ClientResponse) -> str:
     return str((await resp.json())["choices"][0]["text"])
 
 
-async def _long_stream(session: aiohttp.ClientSession, base: str) -> aiohttp.ClientResponse:
+@contextlib.asynccontextmanager
+async def _kept_stream(stack: Stack, session: aiohttp.ClientSession, base: str) -> AsyncIterator[None]:
+    """A long stream sent to `base`, running in the engine for the block (its blocks held), then its client gone."""
     body = {"model": "tiny", "prompt": "a long rollout", "max_tokens": 4000, "stream": True, "ignore_eos": True}
-    return await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE)
-
-
-async def _until(condition: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
-        await asyncio.sleep(0.01)
+    stream = await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE)
+    try:
+        deadline = time.monotonic() + 10
+        while stack.sim.scheduler.running < 1:
+            assert time.monotonic() < deadline, "the long stream never ran"
+            await asyncio.sleep(0.01)
+        yield
+    finally:
+        stream.close()
 
 
 UPDATE = {"/start_weight_update": {}, "/update_weights": {"update_info": {}}, "/finish_weight_update": {}}
@@ -79,12 +84,10 @@ async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(make_s
     async with aiohttp.ClientSession() as session:
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
         before = await _text(await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE))
-        stream = await _long_stream(session, base)
-        await _until(lambda: stack.sim.scheduler.running >= 1, "the long stream running")
-        reset = await _fully_async_sync(session, base)
-        assert reset is not None and reset.status == 200 and await reset.json() == {"success": False}
-        after = await _text(await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE))
-        stream.close()
+        async with _kept_stream(stack, session, base):
+            reset = await _fully_async_sync(session, base)
+            assert reset is not None and reset.status == 200 and await reset.json() == {"success": False}
+            after = await _text(await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE))
     assert after == before != _fresh_answer(stack, PROMPT, 6)  # the old weights' answer, after the new weights
     assert len(_stale_hits(stack)) == 1
 
@@ -94,23 +97,21 @@ async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_s
     base = str(stack.client.make_url("")).rstrip("/")
     async with aiohttp.ClientSession() as session:
         before = await _text(await stack.completion(PROMPT, max_tokens=6))
-        stream = await _long_stream(session, base)
-        await _until(lambda: stack.sim.scheduler.running >= 1, "the long stream running")
-        reset = await _fully_async_sync(session, base)
-        assert reset is not None and reset.status == 200
-        # vLLM's own body, and the truth beside it: old-weight blocks remain, new requests cannot reach them.
-        assert await reset.json() == {"success": False}
-        assert reset.headers["X-Lifeguard-Prefix-Cache"] == "partitioned"
-        state = await stack.state()
-        assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["reason"] == (
-            "a weight update session finished"
-        )
-        after = await _text(await stack.completion(PROMPT, max_tokens=6))
-        assert after == _fresh_answer(stack, PROMPT, 6) != before
-        assert _stale_hits(stack) == []
-        again = await _text(await stack.completion(PROMPT, max_tokens=6))
-        assert again == after  # requests after the change still share their own prefix
-        stream.close()
+        async with _kept_stream(stack, session, base):
+            reset = await _fully_async_sync(session, base)
+            assert reset is not None and reset.status == 200
+            # vLLM's own body, and the truth beside it: old-weight blocks remain, new requests cannot reach them.
+            assert await reset.json() == {"success": False}
+            assert reset.headers["X-Lifeguard-Prefix-Cache"] == "partitioned"
+            state = await stack.state()
+            assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["reason"] == (
+                "a weight update session finished"
+            )
+            after = await _text(await stack.completion(PROMPT, max_tokens=6))
+            assert after == _fresh_answer(stack, PROMPT, 6) != before
+            assert _stale_hits(stack) == []
+            again = await _text(await stack.completion(PROMPT, max_tokens=6))
+            assert again == after  # requests after the change still share their own prefix
     # Once nothing is in flight, the reconcile loop's reset succeeds: requests go out as the client sent them.
     await stack.wait_for(lambda s: not s["prefix_cache"]["partitioned"], timeout=10)
     metrics = await (await stack.client.get("/lifeguard/metrics")).text()
@@ -140,17 +141,15 @@ async def test_a_reload_through_collective_rpc_counts_as_a_weight_change(make_st
     base = str(stack.client.make_url("")).rstrip("/")
     async with aiohttp.ClientSession() as session:
         await _text(await stack.completion(PROMPT, max_tokens=6))
-        stream = await _long_stream(session, base)
-        await _until(lambda: stack.sim.scheduler.running >= 1, "the long stream running")
-        for path, body in UPDATE.items():
-            assert (await session.post(base + path, json=body, timeout=DEADLINE)).status == 200
-        trained = await _text(await stack.completion(PROMPT, max_tokens=6))
-        reload = await session.post(base + "/collective_rpc", json={"method": "reload_weights"}, timeout=DEADLINE)
-        assert reload.status == 200, await reload.text()
-        state = await stack.state()
-        assert state["prefix_cache"]["reason"] == "a reload through /collective_rpc (reload_weights)"
-        checkpoint = await _text(await stack.completion(PROMPT, max_tokens=6))
-        stream.close()
+        async with _kept_stream(stack, session, base):
+            for path, body in UPDATE.items():
+                assert (await session.post(base + path, json=body, timeout=DEADLINE)).status == 200
+            trained = await _text(await stack.completion(PROMPT, max_tokens=6))
+            reload = await session.post(base + "/collective_rpc", json={"method": "reload_weights"}, timeout=DEADLINE)
+            assert reload.status == 200, await reload.text()
+            state = await stack.state()
+            assert state["prefix_cache"]["reason"] == "a reload through /collective_rpc (reload_weights)"
+            checkpoint = await _text(await stack.completion(PROMPT, max_tokens=6))
     assert checkpoint == _fresh_answer(stack, PROMPT, 6) != trained
     assert _stale_hits(stack) == []
 
@@ -160,17 +159,15 @@ async def test_a_client_salt_is_kept_apart_from_other_clients(make_stack: Any) -
     stack: Stack = await make_stack(SIM)
     base = str(stack.client.make_url("")).rstrip("/")
     async with aiohttp.ClientSession() as session:
-        stream = await _long_stream(session, base)
-        await _until(lambda: stack.sim.scheduler.running >= 1, "the long stream running")
-        await _fully_async_sync(session, base)
-        cached = len(stack.sim.prefix_cache)
-        await _text(await stack.completion(PROMPT, max_tokens=2, cache_salt="tenant-a"))
-        grown = len(stack.sim.prefix_cache)
-        await _text(await stack.completion(PROMPT, max_tokens=2, cache_salt="tenant-b"))
-        assert len(stack.sim.prefix_cache) - grown == grown - cached > 0  # no block shared between the two
-        refused = await stack.completion(PROMPT, max_tokens=2, cache_salt="a/b")
-        assert refused.status == 400 and "cache_salt" in (await refused.json())["error"]["message"]
-        stream.close()
+        async with _kept_stream(stack, session, base):
+            await _fully_async_sync(session, base)
+            cached = len(stack.sim.prefix_cache)
+            await _text(await stack.completion(PROMPT, max_tokens=2, cache_salt="tenant-a"))
+            grown = len(stack.sim.prefix_cache)
+            await _text(await stack.completion(PROMPT, max_tokens=2, cache_salt="tenant-b"))
+            assert len(stack.sim.prefix_cache) - grown == grown - cached > 0  # no block shared between the two
+            refused = await stack.completion(PROMPT, max_tokens=2, cache_salt="a/b")
+            assert refused.status == 400 and "cache_salt" in (await refused.json())["error"]["message"]
 
 
 async def test_a_restarted_proxy_keeps_the_partition(make_stack: Any, serve_lifeguard: Any, tmp_path: Any) -> None:
@@ -178,19 +175,17 @@ async def test_a_restarted_proxy_keeps_the_partition(make_stack: Any, serve_life
     base, sim_base = (str(url.make_url("")).rstrip("/") for url in (stack.client, stack.sim_server))
     async with aiohttp.ClientSession() as session:
         before = await _text(await stack.completion(PROMPT, max_tokens=6))
-        stream = await _long_stream(session, sim_base)  # sent to vLLM directly: it outlives the proxy
-        await _until(lambda: stack.sim.scheduler.running >= 1, "the long stream running")
-        await _fully_async_sync(session, base)
-        salt = (await stack.state())["prefix_cache"]["salt"]
-        await stack.client.close()
-        client = await serve_lifeguard(stack.settings)
-        deadline = time.monotonic() + 5
-        while (state := await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
-            assert time.monotonic() < deadline, f"the new proxy never adopted the engine: {state}"
-            await asyncio.sleep(0.01)
-        assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["salt"] == salt
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
-        after = await _text(await client.post("/v1/completions", json=body))
-        stream.close()
+        async with _kept_stream(stack, session, sim_base):  # sent to vLLM directly: it outlives the proxy
+            await _fully_async_sync(session, base)
+            salt = (await stack.state())["prefix_cache"]["salt"]
+            await stack.client.close()
+            client = await serve_lifeguard(stack.settings)
+            deadline = time.monotonic() + 5
+            while (state := await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
+                assert time.monotonic() < deadline, f"the new proxy never adopted the engine: {state}"
+                await asyncio.sleep(0.01)
+            assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["salt"] == salt
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+            after = await _text(await client.post("/v1/completions", json=body))
     assert after == _fresh_answer(stack, PROMPT, 6) != before
     assert _stale_hits(stack) == []

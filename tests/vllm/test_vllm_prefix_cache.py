@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,9 @@ save_file({name: t.flatten()[torch.randperm(t.numel(), generator=generator)].vie
 
 
 @pytest.fixture
-def weights_file() -> Iterator[Path]:
-    """The served model's weights file, restored (and reloaded by the test's own cleanup) afterwards."""
-    path = Path(os.environ["LIFEGUARD_VLLM_MODEL"]) / "model.safetensors"
-    original = path.read_bytes()
-    try:
-        yield path
-    finally:
-        path.write_bytes(original)
+def weights_file() -> Path:
+    """The served model's weights file (restored and reloaded by `_from_an_empty_cache`)."""
+    return Path(os.environ["LIFEGUARD_VLLM_MODEL"]) / "model.safetensors"
 
 
 def _change_weights(path: Path) -> None:
@@ -100,11 +95,25 @@ async def _fully_async_sync(
     return reset
 
 
-async def _restore(s: aiohttp.ClientSession, vllm: str, weights: Path, original: bytes) -> None:
-    weights.write_bytes(original)
-    status, body, _ = await post(s, vllm + "/collective_rpc", json={"method": "reload_weights"})
-    assert status == 200, body
+@contextlib.asynccontextmanager
+async def _from_an_empty_cache(s: aiohttp.ClientSession, vllm: str, weights: Path) -> AsyncIterator[None]:
+    """The block starts with an empty prefix cache; afterwards vLLM serves the original weights again."""
+    original = weights.read_bytes()
     await _reset_succeeds(s, vllm)
+    try:
+        yield
+    finally:
+        weights.write_bytes(original)
+        status, body, _ = await post(s, vllm + "/collective_rpc", json={"method": "reload_weights"})
+        assert status == 200, body
+        await _reset_succeeds(s, vllm)
+
+
+async def _then_fresh(s: aiohttp.ClientSession, base: str, vllm: str) -> tuple[str, str]:
+    """The cached prompt's answer through `base`, and vLLM's own once a reset has emptied the cache."""
+    served = await _answer(s, base)
+    await _reset_succeeds(s, vllm)
+    return served, await _answer(s, vllm)
 
 
 @pytest.mark.parametrize("change", [True, False], ids=["new-weights", "control"])
@@ -113,18 +122,13 @@ async def test_direct_vllm_serves_the_old_weights_prefix_after_a_kept_pause(
 ) -> None:
     reset_vllm(vllm_server)
     vllm = vllm_server.url
-    original = weights_file.read_bytes()
-    await _reset_succeeds(session, vllm)
-    try:
+    async with _from_an_empty_cache(session, vllm, weights_file):
         await _answer(session, vllm)  # the prefix, cached under the old weights
         async with _kept_stream(session, vllm, vllm):
             status, body, _ = await _fully_async_sync(session, vllm, vllm, weights_file if change else None)
             assert (status, body) == (200, {"success": False})  # the kept stream holds blocks
-        served = await _answer(session, vllm)  # alone, from the blocks cached before the change
-        await _reset_succeeds(session, vllm)
-        fresh = await _answer(session, vllm)  # alone, with the cache truly empty
-    finally:
-        await _restore(session, vllm, weights_file, original)
+        # each sent alone: from the blocks cached before the change, then with the cache truly empty
+        served, fresh = await _then_fresh(session, vllm, vllm)
     if change:
         assert served != fresh, "vLLM no longer serves the old weights' prefix after a failed reset: fixed upstream?"
     else:
@@ -137,9 +141,7 @@ async def test_through_the_lifeguard_the_answer_is_the_new_weights_own(
     # The reconcile loop's own reset would clear the partition once the stream ends: here the salt must do it.
     proxy = start_proxy(LIFEGUARD_RECONCILE_INTERVAL_S="300")
     vllm, base = vllm_server.url, proxy.url
-    original = weights_file.read_bytes()
-    await _reset_succeeds(session, vllm)
-    try:
+    async with _from_an_empty_cache(session, vllm, weights_file):
         await _answer(session, base)
         async with _kept_stream(session, base, vllm):
             status, body, headers = await _fully_async_sync(session, base, vllm, weights_file)
@@ -147,11 +149,7 @@ async def test_through_the_lifeguard_the_answer_is_the_new_weights_own(
             assert headers["X-Lifeguard-Prefix-Cache"] == "partitioned"
         state = await lg_state(session, base)
         assert state["prefix_cache"]["partitioned"], state
-        through = await _answer(session, base)
-        await _reset_succeeds(session, vllm)
-        fresh = await _answer(session, vllm)
-    finally:
-        await _restore(session, vllm, weights_file, original)
+        through, fresh = await _then_fresh(session, base, vllm)
     assert through == fresh
 
 
@@ -160,17 +158,11 @@ async def test_a_forgotten_reset_is_made_by_the_lifeguard(
 ) -> None:
     """No pause, no reset: a reload while idle, then the cached prompt. The lifeguard resets the cache itself."""
     vllm, base = vllm_server.url, proxy.url
-    original = weights_file.read_bytes()
-    await _reset_succeeds(session, vllm)
-    try:
+    async with _from_an_empty_cache(session, vllm, weights_file):
         await _answer(session, base)
         _change_weights(weights_file)
         status, body, _ = await post(session, base + "/collective_rpc", json={"method": "reload_weights"})
         assert status == 200, body
         assert not (await lg_state(session, base))["prefix_cache"]["partitioned"]  # its reset succeeded
-        through = await _answer(session, base)
-        await _reset_succeeds(session, vllm)
-        fresh = await _answer(session, vllm)
-    finally:
-        await _restore(session, vllm, weights_file, original)
+        through, fresh = await _then_fresh(session, base, vllm)
     assert through == fresh
