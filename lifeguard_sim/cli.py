@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--total-gib", type=float, default=defaults.total_gib, help="device memory (default: %(default)s)")
     add("--seed", type=int, default=defaults.seed, help="seed for generated text and @pP faults")
     add("--max-model-len", type=int, default=defaults.max_model_len, help="context length (default: %(default)s)")
+    add("--block-size", type=int, default=defaults.block_size, help="tokens per KV block (default: %(default)s)")
     add(
         "--oom-wedges",
         action="store_true",
@@ -197,6 +198,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         oom_wedges=args.oom_wedges,
         watchdog_seconds=args.watchdog_seconds,
         max_model_len=args.max_model_len,
+        block_size=args.block_size,
         enable_scale_out=args.enable_scale_out,
         enable_lora=args.enable_lora,
         trainer_servers=tuple(args.trainer_server),

@@ -31,6 +31,7 @@ from lifeguard_sim import errors
 from lifeguard_sim.errors import EngineGone
 from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
+from lifeguard_sim.prefix_cache import PrefixCache
 from lifeguard_sim.scheduler import PauseState, Scheduler
 from lifeguard_sim.settings import SimSettings
 from lifeguard_sim.shared_gpu import SharedGpuFile
@@ -94,9 +95,8 @@ class Engine:
         self.scheduling_asleep = False  # a level-0 sleep: only the scheduler sleeps
         self.sleep_level: int | None = None
         self.weights_valid = True
-        # What /weight_checker's digests see (lifeguard_sim/weight_checker.py): the checkpoint's weights or written
-        # ones, zeroed by a reset, and whether a lie-weights fault gave one tensor other bytes.
-        self.weights_from_checkpoint = True
+        # What /weight_checker's digests see (lifeguard_sim/weight_checker.py) besides the weights written: zeroed by a
+        # reset, and whether a lie-weights fault gave one tensor other bytes.
         self.weights_zeroed = False
         self.weights_altered = False
         self.weight_update_active = False
@@ -112,6 +112,8 @@ class Engine:
         # fp8_kv_cache: the attention layers' _q_scale was lost with discarded weights (a broadcast does not carry it).
         self.q_scale_lost = False
         self.weight_version = "default"
+        self.prefix_cache = PrefixCache(self.settings.block_size)  # a new process starts with an empty one
+        self.weights_committed_at = 0.0  # time.time() of the last answered weight change (finish, reload)
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
         self.lora_adapters: dict[str, str] = {}  # name -> path; a restarted vLLM has none
@@ -149,7 +151,7 @@ class Engine:
             return "zeros"
         if not self.weights_valid:
             return f"discarded:{self._epoch}"
-        return str(self.settings.seed) if self.weights_from_checkpoint else self.text_seed
+        return self.text_seed
 
     # --- observation
     @property
@@ -369,6 +371,8 @@ class Engine:
         started = time.monotonic()
         if fired.kind != "lie-asleep":
             await self.scheduler.pause(mode)
+            if level >= 1 and self.scheduler.running == 0:
+                self.prefix_cache.reset()  # EngineCore.sleep pauses with clear_cache for a level >= 1
             async with self._lock:
                 if not self.executor_tags and level == 0:
                     self.scheduling_asleep = True
@@ -500,7 +504,10 @@ class Engine:
     def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
         self.counters["reset_prefix_cache"] += 1
         self.check_alive()
-        return {"success": reset_running or self.scheduler.running == 0}
+        success = reset_running or self.scheduler.running == 0
+        if success:
+            self.prefix_cache.reset()
+        return {"success": success}
 
     # --- weights
     async def collective_rpc(self, method: str, kwargs: dict[str, object] | None = None) -> dict[str, object] | None:
@@ -522,7 +529,9 @@ class Engine:
                 self.weights_valid = True
                 self.garbage = False
                 self.q_scale_lost = False  # the checkpoint's scales come back with it
-                self.weights_from_checkpoint, self.weights_zeroed = True, False
+                self.weight_writes = 0  # reloaded from the model's files on disk: the checkpoint again
+                self.weights_committed_at = time.time()
+                self.weights_zeroed = False
                 # lie-weights: the checkpoint's file changed on disk since the start
                 self.weights_altered = fired.kind == "lie-weights"
         self.after(fired)
@@ -682,7 +691,6 @@ class Engine:
             self.draft_weight_writes += 1
         elif self.lora_round_target is None:
             self.weight_writes += 1
-            self.weights_from_checkpoint = False
         self.after(fired)
         return {"message": "Weights updated"}
 
@@ -700,6 +708,7 @@ class Engine:
             else:
                 self.weights_valid = True
                 self.garbage = False
+                self.weights_committed_at = time.time()
                 self.weights_zeroed = self.weights_altered = False
             if version is not None:
                 self.weight_version = version

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 
 from lifeguard_sim import errors
 from lifeguard_sim.engine import Engine
@@ -18,6 +19,18 @@ from lifeguard_sim.errors import ClientLeft, EngineGone
 from lifeguard_sim.faults import Fired
 from lifeguard_sim.scheduler import SimRequest
 from lifeguard_sim.textgen import Quality, Token, TokenStream
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request's answer depends on besides the weights: its text (and token ids), the model or LoRA adapter it
+    names, and its `cache_salt`."""
+
+    text: str
+    ids: tuple[int, ...]
+    model: str
+    salt: str | None = None
+    top_logprobs: int = 0
 
 
 def new_request(
@@ -41,6 +54,7 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
         raise ClientLeft
     # Checked on arrival at the scheduler, after any delay: a request that set out while the engine was
     # awake but arrives once a sleep has begun is in transit, and must be seen as such.
+    req.set_out = set_out
     if engine.asleep_tags or engine.is_paused:
         state = f"asleep={sorted(engine.asleep_tags)} pause={engine.scheduler.pause_state.value}"
         engine.violate("generate_while_asleep_or_paused", f"{req.request_id} arrived with {state}", set_out=set_out)
@@ -52,8 +66,25 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
     return fired
 
 
+def prefill(engine: Engine, req: SimRequest, prompt: Prompt) -> TokenStream:
+    """`req`'s tokens, once it is scheduled: computed by the engine's weights, unless its prompt reuses prefix-cache
+    blocks that older weights computed (vLLM keeps them until a reset succeeds); its answer then follows those."""
+    weights = engine.model_seed(prompt.model)
+    path = engine.lora_adapters.get(prompt.model)
+    lora = f"{prompt.model}:{path}" if path is not None else None  # vLLM keys an adapter's blocks by name and path
+    reused, older = engine.prefix_cache.serve(list(prompt.ids), salt=prompt.salt, lora=lora, weights=weights)
+    if older is not None:
+        engine.violate(
+            "prefix_cache_stale_hit",
+            f"{req.request_id} reused {reused} prompt tokens of prefix-cache blocks computed by older weights",
+            set_out=req.set_out,
+            committed_at=engine.weights_committed_at,
+        )
+    return TokenStream(older or weights, prompt.text, top_logprobs=prompt.top_logprobs)
+
+
 async def generate(
-    engine: Engine, req: SimRequest, stream: TokenStream, fired: Fired, *, natural_stop: bool
+    engine: Engine, req: SimRequest, prompt: Prompt, fired: Fired, *, natural_stop: bool
 ) -> AsyncGenerator[Token, None]:
     """Tokens for ``req``; when it ends, ``req.finish_reason`` says why (None: the client left)."""
     sched = engine.scheduler
@@ -64,6 +95,7 @@ async def generate(
         req.running = True
         sched.notify()
         _check_run_safety(engine, req)
+        stream = prefill(engine, req, prompt)
         crash_at = max(1, req.max_tokens // 2) if fired.kind == "crash" else None
         reason = "length"
         while req.produced < req.max_tokens:

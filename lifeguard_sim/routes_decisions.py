@@ -19,7 +19,7 @@ from lifeguard_sim import errors, generation
 from lifeguard_sim.keys import SIM_ENGINE
 from lifeguard_sim.responses import json_response
 from lifeguard_sim.routes_openai import check_model, json_body
-from lifeguard_sim.textgen import TokenStream, tokenize
+from lifeguard_sim.textgen import tokenize
 
 _TYPES = ("predicate", "choice", "score")
 
@@ -117,8 +117,8 @@ async def decisions(request: web.Request) -> web.Response:
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.model_seed(model), text)
-    tokens = generation.generate(engine, req, stream, fired, natural_stop=False)
+    prompt = generation.Prompt(text, tuple(tokenize(text)), model, body.get("cache_salt"))
+    tokens = generation.generate(engine, req, prompt, fired, natural_stop=False)
     async with contextlib.aclosing(tokens):
         async for _token in tokens:
             pass

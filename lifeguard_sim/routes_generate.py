@@ -21,9 +21,10 @@ from aiohttp import web
 
 from lifeguard_sim import errors, generation
 from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.prefix_cache import salt_problem
 from lifeguard_sim.responses import json_response
 from lifeguard_sim.routes_openai import check_model, json_body
-from lifeguard_sim.textgen import VOCAB_SIZE, Token, TokenStream, piece_id
+from lifeguard_sim.textgen import VOCAB_SIZE, Token, piece_id
 
 
 def _validated(raw: bytes) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
@@ -38,6 +39,8 @@ def _validated(raw: bytes) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
         raise errors.bad_request("the simulator's /inference/v1/generate does not stream", "stream")
     if params.get("n", 1) != 1:
         raise errors.bad_request("the simulator's /inference/v1/generate serves n=1", "sampling_params.n")
+    if (problem := salt_problem(body.get("cache_salt"))) is not None:
+        raise errors.bad_request(problem, "cache_salt")
     return ids, params, body
 
 
@@ -64,9 +67,9 @@ async def generate_route(request: web.Request) -> web.Response:
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.model_seed(model), " ".join(map(str, ids)), top_logprobs=int(logprobs or 0))
+    prompt = generation.Prompt(" ".join(map(str, ids)), tuple(ids), model, body.get("cache_salt"), int(logprobs or 0))
     produced: list[Token] = []
-    tokens = generation.generate(engine, req, stream, fired, natural_stop=max_tokens is None)
+    tokens = generation.generate(engine, req, prompt, fired, natural_stop=max_tokens is None)
     async with contextlib.aclosing(tokens):
         produced = [token async for token in tokens]
     choice = {

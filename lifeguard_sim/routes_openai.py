@@ -19,9 +19,10 @@ from lifeguard_sim import errors, generation
 from lifeguard_sim.engine import Engine
 from lifeguard_sim.errors import EngineHTTPError, EnginePaused
 from lifeguard_sim.keys import SIM_ENGINE
+from lifeguard_sim.prefix_cache import salt_problem
 from lifeguard_sim.responses import dumps, json_response
 from lifeguard_sim.scheduler import SimRequest
-from lifeguard_sim.textgen import Token, TokenStream, piece_id, tokenize
+from lifeguard_sim.textgen import Token, piece_id, tokenize
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class GenSpec:
     prompt_ids: tuple[int, ...] = ()
     return_token_ids: bool = False
     tokens_as_ids: bool = False
+    cache_salt: str | None = None
 
 
 def chat_prompt(messages: Any) -> str:
@@ -72,6 +74,8 @@ def check_model(engine: Engine, model: Any) -> str:
 
 def _spec(engine: Engine, body: dict[str, Any], *, chat: bool, prompt_in: Any = None) -> GenSpec:
     model = check_model(engine, body.get("model"))
+    if (problem := salt_problem(body.get("cache_salt"))) is not None:
+        raise errors.bad_request(problem, "cache_salt")
     prompt_ids: tuple[int, ...] = ()
     if chat:
         prompt = chat_prompt(body.get("messages"))
@@ -110,6 +114,7 @@ def _spec(engine: Engine, body: dict[str, Any], *, chat: bool, prompt_in: Any = 
         prompt_ids=prompt_ids or tuple(tokenize(prompt)),
         return_token_ids=bool(body.get("return_token_ids")),
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
+        cache_salt=body.get("cache_salt"),
     )
 
 
@@ -220,9 +225,9 @@ async def _begin(
         client_gone=lambda: request.transport is None or request.transport.is_closing(),
     )
     fired = await generation.admit(engine, req)
-    stream = TokenStream(engine.model_seed(spec.model), spec.prompt, top_logprobs=spec.logprobs or 0)
+    prompt = generation.Prompt(spec.prompt, spec.prompt_ids, spec.model, spec.cache_salt, spec.logprobs or 0)
     writer = _Shaper(spec.model, req, spec)
-    return req, writer, generation.generate(engine, req, stream, fired, natural_stop=spec.natural_stop)
+    return req, writer, generation.generate(engine, req, prompt, fired, natural_stop=spec.natural_stop)
 
 
 async def _run_whole(request: web.Request, spec: GenSpec) -> _Shaper:

@@ -41,6 +41,8 @@ class SimSettings:
     # vLLM's API server notices a dead engine core and exits on a 5 s watchdog tick.
     watchdog_seconds: float = 5.0
     max_model_len: int = 16384
+    # Tokens per KV block: the prefix cache reuses whole blocks (vLLM's --block-size).
+    block_size: int = 16
     dtype: str = "bfloat16"
     # vLLM 0.32 serves /inference/v1/generate only with --enable-scale-out; without it the route answers 403.
     enable_scale_out: bool = False

@@ -334,12 +334,8 @@ class Arbiter:
         if engine.name in self.reload_on_wake and coordinator.record.weights_stale is Staleness.DISCARDED:
             method = self._settings.weight_reload_rpc_methods[0]
             body = json.dumps({"method": method}).encode()
+            # The reload commits a weight change: its coordinator resets the prefix cache (proxy/prefix_cache.py).
             await coordinator.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
-            reply = await coordinator.exclusive(
-                lambda: coordinator.client.call("POST", "/reset_prefix_cache"), adapters_may_change=False
-            )
-            if reply.status != 200:
-                log.warning("reset_prefix_cache after reloading %s answered %d", engine.name, reply.status)
         self.reload_on_wake.discard(engine.name)
 
     # ----- what the planner sees

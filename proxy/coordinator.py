@@ -30,6 +30,7 @@ from .memo import StateMemo
 from .metrics import EngineMetrics
 from .observation import LateReads, Observation
 from .outcome import Outcome, answered_by_us, from_vllm
+from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .probes import Verifier
 from .record import EngineRecord, FailureKind
 from .refusals import Refusal
@@ -114,6 +115,8 @@ class LifecycleCoordinator:
                 self.record.paused_by_user(previous.user_pause)
             if previous.weights_stale is not None:
                 self.record.mark_stale(previous.weights_stale)
+            if previous.prefix_partition is not None:
+                self.record.remembered_partition(previous.prefix_partition)
             if previous.asleep_tags:
                 self.record.remembered_asleep(
                     frozenset(previous.asleep_tags),
@@ -225,7 +228,11 @@ class LifecycleCoordinator:
     async def _locked(self, call: LifecycleCall) -> Outcome:
         await self._acquire()
         try:
-            return await self._execute(call)
+            partition = self.record.prefix_partition
+            outcome = await self._execute(call)
+            if self.record.prefix_partition is not partition or call.op == "resume":
+                await self._clear_prefix_cache()
+            return outcome
         finally:
             self._remember()
             self._lock.release()
@@ -302,7 +309,11 @@ class LifecycleCoordinator:
                 raise refusal
             if zeroes_weights:
                 self.record.weights_reset()
-            return await self._watching_elastic_ep(work())
+            partition = self.record.prefix_partition
+            result = await self._watching_elastic_ep(work())
+            if self.record.prefix_partition is not partition:
+                await self._clear_prefix_cache()
+            return result
         finally:
             if adapters_may_change:
                 self._verifier.forget_adapters()
@@ -359,10 +370,51 @@ class LifecycleCoordinator:
                     # took 17 s, and a trainer's /pause waited for it. The first wake's canary records it otherwise.
                     if self._gate.inflight == 0:
                         await self._verifier.record_golden()
+                        await self._clear_prefix_cache()
                     await self._verifier.record_adapters()
                 if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
                     if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
+
+    async def _clear_prefix_cache(self) -> None:
+        """Under the lock, once weights changed: reset vLLM's prefix cache, so that requests need no salt again. It
+        fails while requests hold blocks (kept by a pause): the reconcile loop tries again once none is in flight."""
+        if self.record.prefix_partition is None or self.state in (State.STARTING, State.FAILED):
+            return
+        try:
+            reply = await self._client.call("POST", RESET_PATH)
+        except UpstreamError as exc:
+            log.warning("the prefix cache could not be reset: %s", exc.message, extra={"event": "prefix_reset_failed"})
+            self._metrics.prefix_reset("proxy", "unknown")
+            return
+        self._reset_answered("proxy", reset_result(reply.status, reply.body))
+
+    def client_reset_answered(self, status: int, body: bytes) -> bytes:
+        """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the
+        header line its answer carries (vLLM's 200 `{"success": false}` would otherwise read as done)."""
+        result = reset_result(status, body)
+        self._reset_answered("client", result)
+        if result is False and self.record.prefix_partition is not None:
+            log.warning(
+                "vLLM could not reset its prefix cache (requests still hold blocks): requests admitted since the "
+                "weight change stay salted until a reset succeeds",
+                extra={"event": "prefix_reset_not_cleared"},
+            )
+        return HEADER + (b": partitioned" if self.record.prefix_partition is not None else b": clean")
+
+    def adapter_reload_answered(self, adapter: str) -> Callable[[int, bytes], None]:
+        """The reader of a `/v1/load_lora_adapter` answer that reloads `adapter` in place: a 200 is a weight change."""
+
+        def answered(status: int, _body: bytes) -> None:
+            if status == 200:
+                self.record.weights_committed(f"LoRA adapter {adapter!r} was loaded in place")
+
+        return answered
+
+    def _reset_answered(self, by: str, result: bool | None) -> None:
+        self._metrics.prefix_reset(by, {True: "cleared", False: "not_cleared", None: "unknown"}[result])
+        if result:
+            self.record.prefix_cache_cleared(by)
 
     def _answered_late(self, obs: Observation) -> bool:
         """True for a reconcile round to pass over (proxy/observation.py `LateReads`): failing a busy engine refused
@@ -432,6 +484,8 @@ class LifecycleCoordinator:
         self._gate.close()
 
     def _refresh_gate(self) -> None:
+        partition = self.record.prefix_partition
+        self._verifier.cache_salt = partition.salt if partition is not None else None
         view = self.record.view()
         decision = admission(
             view, on_sleeping=self._settings.on_sleeping, hold_while_restarted=self._settings.hold_while_weights_stale

@@ -59,6 +59,7 @@ class Upstream:
             keepalive_s=settings.upstream_keepalive_s,
             connect_timeout_s=settings.connect_timeout_s,
             name="vllm",
+            address=f"{host}:{port}",
         )
 
 

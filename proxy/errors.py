@@ -8,9 +8,12 @@ reason, so the set is closed: `REASONS` lists it.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
+
+import aiohttp
 
 
 class LifeguardError(Exception):
@@ -341,3 +344,24 @@ def _reasons(cls: type[LifeguardError]) -> set[str]:
 
 #: Every reason the proxy can answer with (X-Lifeguard-Reason), besides vLLM's own relayed refusals.
 REASONS: frozenset[str] = frozenset(_reasons(LifeguardError))
+
+
+def transport_failure(exc: BaseException, address: str) -> str:
+    """What went wrong talking to vLLM at `address` (host:port), as a person would say it, never a library's repr:
+    `connection refused by 127.0.0.1:8000`."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        address, exc = f"{exc.host}:{exc.port}", exc.os_error
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {address}"
+    if isinstance(exc, ConnectionResetError):
+        return f"connection reset by {address}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return f"{address} closed the connection before answering"
+    if isinstance(exc, socket.gaierror):
+        return f"the host of {address} could not be resolved ({exc.strerror})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror[:1].lower()}{exc.strerror[1:]} ({address})"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return f"the answer from {address} broke off"
+    text = str(exc)
+    return f"{text} ({address})" if text else f"{type(exc).__name__} talking to {address}"

@@ -30,6 +30,7 @@ from .boundary import caught
 from .engine import Engine
 from .errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from .gate import Ticket
+from .prefix_cache import SALTED_PATHS, salted
 from .refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .request_reader import ParsedRequest
 from .tasks import Tasks
@@ -144,6 +145,7 @@ class Forward(Answering):
         "_stale",
         "_drop",
         "_on_end",
+        "_on_answer",
         "conn",
         "wants_connection",
         "upstream_done",
@@ -165,6 +167,7 @@ class Forward(Answering):
         stale: bool = False,
         drop: frozenset[bytes] = frozenset(),
         on_end: Callable[[], None] | None = None,
+        on_answer: Callable[[int, bytes], bytes | None] | None = None,
     ) -> None:
         super().__init__(client, request)
         self._engine = engine
@@ -173,6 +176,7 @@ class Forward(Answering):
         self._stale = stale
         self._drop = drop
         self._on_end = on_end
+        self._on_answer = on_answer
         self.conn: UpstreamConnection | None = None
         self.wants_connection = True
         self.upstream_done = False
@@ -204,6 +208,10 @@ class Forward(Answering):
         if basic_auth is not None and not authorization:
             lines.append(b"Authorization: " + basic_auth)
         body = request.whole_body()
+        if self._ticket is not None:
+            partition = self._engine.coordinator.record.prefix_partition
+            if partition is not None and request.route is not None and request.route.path in SALTED_PATHS:
+                body = salted(body, partition.salt)
         if body or request.method not in (b"GET", b"HEAD"):
             lines.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -318,6 +326,9 @@ class Forward(Answering):
             self._flush_probe()
         self.upstream_done = True
         if self._buffer is not None:
+            line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
+            if line is not None:  # a header line the answer's reader adds, before the head's blank line
+                self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
             self.client.transport.write(b"".join(self._buffer))
             self._buffer = None
             self.head_sent = True
@@ -483,11 +494,11 @@ class SerializedForward(Answering):
     """A control call that touches weights or memory (routes.RouteKind.SERIALIZED): forwarded once no
     lifecycle transition of its engine is in progress, never during one; refused while the engine failed."""
 
-    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task", "_zeroes_weights")
+    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task", "_on_answer", "_zeroes_weights")
 
     def __init__(
         self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
-        tasks: Tasks, zeroes_weights: bool = False,
+        tasks: Tasks, on_answer: Callable[[int, bytes], bytes | None] | None = None, zeroes_weights: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(client, request)
         self._zeroes_weights = zeroes_weights  # /weight_checker reset (proxy/weight_checksums.py)
@@ -495,6 +506,7 @@ class SerializedForward(Answering):
         self._target = target
         self._drop = drop
         self._tasks = tasks
+        self._on_answer = on_answer
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -522,7 +534,8 @@ class SerializedForward(Answering):
             if not ended.done():
                 ended.set_result(None)
 
-        forward = Forward(self.client, self.request, self._engine, self._target, drop=self._drop, on_end=on_end)
+        forward = Forward(self.client, self.request, self._engine, self._target, drop=self._drop, on_end=on_end,
+                          on_answer=self._on_answer)  # fmt: skip
         self.finished = True
         self.client.replace_exchange(self, forward)
         forward.start()

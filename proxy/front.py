@@ -34,6 +34,7 @@ from .exchange import Answered, Exchange, Forward, SerializedForward
 from .fleet import Fleet
 from .held import HeldExchange, not_forwarded
 from .metrics import INFERENCE_OUTCOMES
+from .prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
 from .refusals import Refusal
 from .request_reader import ParsedRequest, RequestReader
 from .routes import RouteKind
@@ -117,13 +118,17 @@ class Front:
                 on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
             )
         if kind is RouteKind.SERIALIZED:
+            adapter = reloaded_adapter(request.whole_body()) if route.path == LORA_LOAD_PATH else None
+            on_answer = engine.coordinator.adapter_reload_answered(adapter) if adapter is not None else None
             zeroes = resets_weights(route.path, request.whole_body())
-            return SerializedForward(
-                client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks, zeroes_weights=zeroes
-            )
+            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks,
+                                     on_answer=on_answer, zeroes_weights=zeroes)  # fmt: skip
         if kind is RouteKind.AT_ONCE:
             if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
                 raise refusal
+            if route.path == RESET_PATH:
+                return Forward(client, request, engine, route.target, drop=request.drop,
+                               on_answer=engine.coordinator.client_reset_answered)  # fmt: skip
         elif kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
         return Forward(client, request, engine, route.target, drop=request.drop)

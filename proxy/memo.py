@@ -25,6 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .prefix_cache import Partition
 from .rules import ALL_SLEEP_TAGS, Staleness
 
 log = logging.getLogger("lifeguard.memo")
@@ -45,6 +46,8 @@ class Memo:
     # The asleep tags were put to sleep by a worker RPC behind vLLM's executor (skyrl_sleep_for_weight_sync):
     # vLLM's flags read "paused", and only that RPC's wake brings them back.
     asleep_outside_vllm: bool = False
+    # vLLM's prefix cache may hold blocks computed by older weights; admitted inference carries this salt.
+    prefix_partition: Partition | None = None
 
 
 # What a memo that cannot be read means: the weights cannot be vouched for.
@@ -74,6 +77,7 @@ class StateMemo:
                 sleep_level=raw.get("sleep_level"),
                 sleep_unconfirmed=raw.get("sleep_unconfirmed", False),
                 asleep_outside_vllm=raw.get("asleep_outside_vllm", False),
+                prefix_partition=Partition.from_dict(raw.get("prefix_partition")),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)

@@ -288,6 +288,20 @@ class Metrics:
             e,
             registry=registry,
         )
+        self.prefix_partitioned = Gauge(
+            "lifeguard_prefix_cache_partitioned",
+            "1 while vLLM's prefix cache may still hold blocks computed by weights older than the last weight "
+            "change (its reset has not succeeded since), so admitted inference carries the proxy's cache_salt.",
+            e,
+            registry=registry,
+        )
+        self.prefix_resets = Counter(
+            "lifeguard_prefix_cache_resets",
+            "Answers of /reset_prefix_cache the proxy read, by who sent it (proxy, client) and what it said "
+            "(cleared, not_cleared: vLLM's success false, unknown: an error or a body without success).",
+            [*e, "by", "result"],
+            registry=registry,
+        )
 
         # --- GPU memory, as the engine's probe last read it
         self.gpu_used = Gauge(
@@ -433,6 +447,11 @@ class EngineMetrics:
         self._restarts = family.restarts.labels(engine)
         self._weights_stale = family.weights_stale.labels(engine)
         self._unchanged_updates = family.unchanged_updates.labels(engine)
+        self._prefix_partitioned = family.prefix_partitioned.labels(engine)
+        self._prefix_resets = {
+            (by, result): family.prefix_resets.labels(engine, by, result)
+            for by, result in itertools.product(("proxy", "client"), ("cleared", "not_cleared", "unknown"))
+        }
         self._gpu_probe = family.gpu_probe.labels(engine)
         self._policies = _bind(family.policies, engine, POLICIES)
         self._unknown_route_children: dict[tuple[str, str], Counter] = {}
@@ -516,6 +535,14 @@ class EngineMetrics:
     def weight_update_unchanged(self) -> None:
         """A weight update session finished without changing any weight's checksum."""
         self._unchanged_updates.inc()
+
+    def prefix_partitioned(self, partitioned: bool) -> None:
+        """Whether blocks computed by older weights may still be in vLLM's prefix cache."""
+        self._prefix_partitioned.set(1 if partitioned else 0)
+
+    def prefix_reset(self, by: str, result: str) -> None:
+        """An answer of /reset_prefix_cache sent by ``by`` (proxy, client) said ``result``."""
+        self._prefix_resets[by, result].inc()
 
     def gpu_memory(self, gpu: str, used_bytes: int, total_bytes: int) -> None:
         """The probe read ``used_bytes`` of ``total_bytes`` on device ``gpu`` (its index or UUID)."""

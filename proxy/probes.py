@@ -154,6 +154,8 @@ class Verifier:
         self._before_sleep: dict[str, AdapterMark] = {}
         self.lost_adapters: dict[str, AdapterMark] = {}
         self._adapters_reloaded = False
+        # The prefix cache's partition (proxy/prefix_cache.py) the canary carries while old-weight blocks remain.
+        self.cache_salt: str | None = None
         self._last_answer: CanaryAnswer | None = None
 
     async def read_memory(self) -> GpuReading:
@@ -454,6 +456,8 @@ class Verifier:
             "temperature": 0,
             "logprobs": 1,
         }
+        if self.cache_salt is not None:
+            payload["cache_salt"] = self.cache_salt  # computed by the current weights, not from older blocks
         reply = await self._client.call(
             "POST", "/v1/completions", json_body=payload, timeout_s=self._settings.canary_timeout_s, headers=auth
         )

@@ -21,6 +21,7 @@ from .elastic_ep import ElasticStatus, ElasticVerdict
 from .memo import Memo
 from .metrics import EngineMetrics
 from .observation import Observation
+from .prefix_cache import Partition
 from .rules import WEIGHTLESS, EngineView, FailureKind, Staleness, asleep_tags_for
 from .states import Lifecycle, State
 
@@ -87,6 +88,8 @@ class EngineRecord:
         self.drift_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
         # What /is_scaling_elastic_ep said the last time vLLM's elastic-EP gate was up (None: not up).
         self.elastic: ElasticStatus | None = None
+        # vLLM's prefix cache may hold blocks computed by older weights: admitted inference carries its salt.
+        self.prefix_partition: Partition | None = None
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
         self.lifecycle = Lifecycle(self._on_state_change)
@@ -139,6 +142,7 @@ class EngineRecord:
             self.sleep_level,
             self.sleep_unconfirmed,
             self.asleep_outside_vllm,
+            self.prefix_partition,
         )
 
     @property
@@ -220,12 +224,17 @@ class EngineRecord:
         self.session_target = SessionTarget.MODEL
         self._set(weight_update_active=False)
         if target is SessionTarget.MODEL:
-            self.weights_loaded()
+            self.weights_loaded("a weight update session finished")
+        elif target is SessionTarget.LORA_ADAPTER:
+            self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
     def single_update_written(self) -> None:
         """A /update_weights outside any session (its own): what it wrote is the model's, unless a round was armed."""
-        if self._round_target(drafter=False) is SessionTarget.MODEL:
-            self.weights_loaded()
+        target = self._round_target(drafter=False)
+        if target is SessionTarget.MODEL:
+            self.weights_loaded("/update_weights wrote the model's weights")
+        elif target is SessionTarget.LORA_ADAPTER:
+            self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
     def _round_target(self, drafter: bool) -> SessionTarget:
         armed, self.adapter_round_armed = self.adapter_round_armed, False
@@ -238,11 +247,37 @@ class EngineRecord:
         self._on_weights_changed()
         self._set(weights_stale=reason)
 
-    def weights_loaded(self) -> None:
+    def weights_loaded(self, why: str) -> None:
         self._on_weights_changed()
+        self.weights_committed(why)
         if self.weights_stale is not None:
             self._metrics.weights_stale(False)
             self._set(weights_stale=None)
+
+    def weights_committed(self, why: str) -> None:
+        """Weights the engine serves changed (`why`): blocks of its prefix cache computed before are stale from now
+        until a reset of the cache succeeds; each change gets a salt of its own."""
+        self.prefix_partition = Partition.after(why)
+        self._metrics.prefix_partitioned(True)
+        log.info("prefix cache partitioned: %s", why, extra={"event": "prefix_cache_partitioned", "reason": why})
+        self._on_view_change()
+
+    def prefix_cache_cleared(self, by: str) -> None:
+        """A reset of vLLM's prefix cache succeeded (sent by `by`): no block from older weights is left."""
+        if self.prefix_partition is None:
+            return
+        held_s = time.time() - self.prefix_partition.since
+        self.prefix_partition = None
+        self._metrics.prefix_partitioned(False)
+        log.info("prefix cache cleared by %s after %.1f s; requests are no longer salted", by, held_s,
+                 extra={"event": "prefix_cache_cleared", "by": by, "partitioned_s": round(held_s, 3)})  # fmt: skip
+        self._on_view_change()
+
+    def remembered_partition(self, partition: Partition) -> None:
+        """A restarted proxy's state file says the prefix cache was partitioned: keep its salt."""
+        self.prefix_partition = partition
+        self._metrics.prefix_partitioned(True)
+        self._on_view_change()
 
     def error(self, reason: str, message: str) -> None:
         now = time.time()
@@ -464,6 +499,7 @@ class EngineRecord:
             "weight_update_target": self.session_target.value if self.weight_update_active else None,
             "weights_stale": self.weights_stale is not None,
             "weights_stale_reason": self.weights_stale,
+            "prefix_cache": _prefix_view(self.prefix_partition),
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
             "recent_errors": [dict(e) for e in self.errors],
@@ -475,6 +511,12 @@ class EngineRecord:
             # The proxy's clock when this was read: a page on another machine draws the transitions' `at` against it.
             "read_at": time.time(),
         }
+
+
+def _prefix_view(partition: Partition | None) -> dict[str, Any]:
+    if partition is None:
+        return {"partitioned": False, "since": None, "reason": None, "salt": None}
+    return {"partitioned": True, **partition.as_dict()}
 
 
 def _gauge_sleep_level(obs: Observation, memory_freed: bool | None) -> int | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transitions import Machine
 
@@ -64,9 +64,10 @@ TRANSITIONS: list[dict[str, Any]] = [
 class Lifecycle:
     """The model the machine drives; `state` is always a `State`.
 
-    Each trigger is a method declared below and replaced by the machine's own (`model_override=True`), so
-    a misspelt trigger is an error mypy reports, not a MachineError at run time. A trigger that is not
-    valid from the current state still raises `transitions.MachineError`."""
+    The machine binds every trigger (and its own `is_<state>`, `may_<trigger>`, `trigger`) to the instance. The
+    triggers are declared below for the type checker only, so a misspelt trigger is an error mypy reports; at run
+    time the class defines none, so the machine has nothing to skip or to warn about. A trigger that is not valid
+    from the current state raises `transitions.MachineError`."""
 
     state: State
 
@@ -81,52 +82,25 @@ class Lifecycle:
             ignore_invalid_triggers=False,
             send_event=True,
             after_state_change=self._changed,
-            model_override=True,
         )
 
     def _changed(self, event: Any) -> None:
         self._on_change(State[event.transition.source], self.state)
 
-    # --- begin_*: an operation starts (strict sources)
-    def begin_pause(self) -> bool:
-        raise _STUB
+    if TYPE_CHECKING:
+        # --- begin_*: an operation starts (strict sources)
+        def begin_pause(self) -> bool: ...
+        def begin_resume(self) -> bool: ...
+        def begin_sleep(self) -> bool: ...
+        def begin_sleep_again(self) -> bool: ...
+        def begin_wake(self) -> bool: ...
+        def begin_weight_update(self) -> bool: ...
 
-    def begin_resume(self) -> bool:
-        raise _STUB
-
-    def begin_sleep(self) -> bool:
-        raise _STUB
-
-    def begin_sleep_again(self) -> bool:
-        raise _STUB
-
-    def begin_wake(self) -> bool:
-        raise _STUB
-
-    def begin_weight_update(self) -> bool:
-        raise _STUB
-
-    # --- facts: what was verified or observed
-    def settle_running(self) -> bool:
-        raise _STUB
-
-    def settle_paused(self) -> bool:
-        raise _STUB
-
-    def settle_sleeping(self) -> bool:
-        raise _STUB
-
-    def settle_updating(self) -> bool:
-        raise _STUB
-
-    def settle_scaling(self) -> bool:
-        raise _STUB
-
-    def fail(self) -> bool:
-        raise _STUB
-
-    def engine_back(self) -> bool:
-        raise _STUB
-
-
-_STUB = RuntimeError("the state machine did not replace this trigger stub")
+        # --- facts: what was verified or observed
+        def settle_running(self) -> bool: ...
+        def settle_paused(self) -> bool: ...
+        def settle_sleeping(self) -> bool: ...
+        def settle_updating(self) -> bool: ...
+        def settle_scaling(self) -> bool: ...
+        def fail(self) -> bool: ...
+        def engine_back(self) -> bool: ...

@@ -109,6 +109,8 @@ def _sleep(engine: dict[str, Any]) -> str:
 
 def _weights(engine: dict[str, Any]) -> str:
     text = f"stale:{engine.get('weights_stale_reason') or '?'}" if engine.get("weights_stale") else "ok"
+    if (engine.get("prefix_cache") or {}).get("partitioned"):
+        text += " +prefix-salted"
     return text + (" +update" if engine.get("weight_update_active") else "")
 
 

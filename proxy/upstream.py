@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import yarl
 
 from .elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
-from .errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable
+from .errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable, transport_failure
 from .observation import Observation, parse_sleep_state
 
 
@@ -49,6 +50,7 @@ class VllmClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, control_timeout_s: float) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
+        self._address = yarl.URL(self.base_url).authority  # host:port, for errors a person reads
         self._control_timeout_s = control_timeout_s
 
     async def call(
@@ -79,7 +81,8 @@ class VllmClient:
         except TimeoutError:
             raise UpstreamTimeout(f"vLLM did not answer {method} {path} within {timeout:g} s") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {exc!r}") from exc
+            why = transport_failure(exc, self._address)
+            raise UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {why}") from exc
 
     async def lifecycle(self, method: str, path: str, **kwargs: Any) -> Reply:
         """A lifecycle call that must succeed: a non-2xx answer becomes UpstreamBadStatus."""

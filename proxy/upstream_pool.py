@@ -23,6 +23,7 @@ from typing import Protocol, cast
 
 import httptools
 
+from .errors import transport_failure
 from .tasks import Tasks
 
 Connection = tuple[asyncio.BaseTransport, "UpstreamConnection"]
@@ -164,7 +165,8 @@ class UpstreamConnection(asyncio.Protocol):
             if self._head_seen and not self._framed():
                 sink.response_end()  # a response delimited by the end of the connection
             else:
-                sink.upstream_lost(f"the connection closed mid-response: {exc!r}" if exc else "the connection closed")
+                lost = f": {transport_failure(exc, self._pool.address)}" if exc else ""
+                sink.upstream_lost(f"the connection closed mid-response{lost}")
         except Exception as bug:
             sink.crashed("upstream", bug)
 
@@ -228,8 +230,10 @@ class UpstreamPool:
         keepalive_s: float,
         connect_timeout_s: float,
         name: str,
+        address: str,
     ) -> None:
         self._connect = connect
+        self.address = address  # host:port, for errors a person reads
         self._max = max_connections
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = connect_timeout_s
@@ -272,7 +276,10 @@ class UpstreamPool:
                 _, conn = await self._connect(lambda: UpstreamConnection(self))
         except (OSError, TimeoutError) as exc:
             self._open -= 1
-            why = f"no connection within {self._connect_timeout_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
+            if isinstance(exc, TimeoutError):
+                why = f"no connection to {self.address} within {self._connect_timeout_s:g} s"
+            else:
+                why = transport_failure(exc, self.address)
             if waiter.wants_connection:
                 try:
                     waiter.connect_failed(why)

@@ -135,7 +135,7 @@ class WeightUpdates:
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
             await self._check_reload(call)
-            self._record.weights_loaded()
+            self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
         elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
             self._record.adapter_round_armed = True
         return reply

@@ -249,7 +249,7 @@ STALE_S = 1.0
 KNOWN_BUGS = {
     "stale_noop": "a no-op answered within one reconcile round of an engine death (docs/reliability.md)",
     "in_transit": "not a bug: admitted before the pause began, arrived while vLLM paused; vLLM queues it "
-    "(docs/reliability.md)",
+    "(docs/reliability.md); or admitted before the weight change's answer reached the proxy",
 }
 
 
@@ -267,6 +267,13 @@ def known_violation(violation: dict[str, Any], pausing: list[tuple[int, str, flo
         set_out = float(violation.get("set_out", at))  # reached vLLM's HTTP layer, before any slow fault
         if any(p == pid and began <= at and set_out <= ended + IN_TRANSIT_S for p, _, began, ended in pausing):
             return "in_transit"
+    # Admitted before the proxy read the weight change's answer: the partition (docs/verification.md, class 21)
+    # covers requests admitted after it.
+    if (
+        kind == "prefix_cache_stale_hit"
+        and float(violation["set_out"]) <= float(violation["committed_at"]) + IN_TRANSIT_S
+    ):
+        return "in_transit"
     return ""
 
 

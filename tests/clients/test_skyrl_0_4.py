@@ -442,3 +442,35 @@ async def test_fp8_kv_cache_nan_after_the_worker_sleep_is_caught_at_the_resume(
     assert "resume" in failed.message and "non-finite logprob" in failed.message, failed.message
     state = await stack.proxy_state()
     assert state["state"] == "FAILED", state
+
+
+async def test_a_rollout_after_the_fully_async_sync_never_reuses_the_old_weights_prefix(
+    skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
+) -> None:
+    """SkyRL's NCCL flow pauses with keep and sends no reset: a rollout kept across the sync holds KV blocks, so a
+    reset could not succeed anyway (docs/verification.md, class 21). A rollout sharing a long prompt with one served
+    before the sync must not be computed on the old weights' blocks (the simulator records any that is)."""
+    from clients.skyrl_trainer import config
+
+    stack = await make_stack(drafter=False)
+    sync_client = weight_sync_client(side, stack)
+    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
+    dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
+    shared = [[1, *range(40, 88)]]  # three of the simulator's 16-token blocks: a system prompt, say
+
+    async def step() -> None:
+        async with engine_client:
+            await dispatch.save_weights_for_sampler()
+
+    async with remote_client(skyrl, stack) as generator:
+        params = {"max_tokens": 6, "logprobs": 0}
+        await generator.generate({"prompt_token_ids": shared, "sampling_params": params})
+        kept = asyncio.ensure_future(rollout(generator, max_tokens=3000))
+        await stack.wait_sim(lambda s: s["running"] >= 1, "the long rollout to run")
+        await in_trainer(stack, step())
+        state = await stack.proxy_state()
+        assert state["prefix_cache"]["partitioned"], state  # SkyRL sent no reset; the proxy's could not succeed
+        after = await generator.generate({"prompt_token_ids": shared, "sampling_params": params})
+        assert len(after["response_ids"][0]) == 6
+        await asyncio.wait_for(kept, timeout=TRAINER_DEADLINE_S)
+    await stack.assert_clean()

@@ -132,7 +132,7 @@ def test_reset_or_mismatched_weights_hold_inference_until_weights_are_loaded(rea
     refusal = serving_refusal(view, on_sleeping="hold", hold_while_restarted=False, closed=False)
     assert refusal is not None and refusal.details["cause"] == f"weights_{reason}"
     assert record.snapshot()["weights_stale_reason"] == reason
-    record.weights_loaded()
+    record.weights_loaded("a reload through /collective_rpc")
     assert admission(record.view(), on_sleeping="hold", hold_while_restarted=False) is Admission.FORWARD
 
 
