@@ -490,44 +490,33 @@ class Answered(Answering):
             self._work.close()
 
 
-class SerializedForward(Answering):
+class SerializedForward(Answered):
     """A control call that touches weights or memory (routes.RouteKind.SERIALIZED): forwarded once no
-    lifecycle transition of its engine is in progress, never during one; refused while the engine failed."""
+    lifecycle transition of its engine is in progress, never during one; refused while the engine failed. Its
+    refusal is answered as `Answered` answers an error; the `Forward` takes over once the engine's lock is held."""
 
-    __slots__ = ("_engine", "_target", "_drop", "_tasks", "_task", "_on_answer", "_zeroes_weights")
+    __slots__ = ("_engine", "_target", "_drop", "_on_answer")
 
     def __init__(
         self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
         tasks: Tasks, on_answer: Callable[[int, bytes], bytes | None] | None = None, zeroes_weights: bool = False,
     ) -> None:  # fmt: skip
-        super().__init__(client, request)
-        self._zeroes_weights = zeroes_weights  # /weight_checker reset (proxy/weight_checksums.py)
+        metrics = engine.metrics
+        super().__init__(
+            client,
+            request,
+            engine.coordinator.exclusive(self._forwarded, zeroes_weights=zeroes_weights),
+            tasks=tasks,
+            count=metrics.proxy_error,
+            on_end=lambda seconds: metrics.request_duration("passthrough", seconds),
+        )
         self._engine = engine
         self._target = target
         self._drop = drop
-        self._tasks = tasks
         self._on_answer = on_answer
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = self._tasks.spawn(self._run(), name=f"serialized:{self._engine.name}")
-
-    async def _run(self) -> None:
-        error: LifeguardError | None = None
-        try:
-            await self._engine.coordinator.exclusive(self._forwarded, zeroes_weights=self._zeroes_weights)
-        except LifeguardError as exc:
-            error = exc
-        except Exception as exc:
-            error = caught("answer", exc, self._engine.metrics.proxy_error)
-        if error is None or self.finished:
-            return
-        self.finished = True
-        self._end_with(error)
-        self._engine.metrics.request_duration("passthrough", time.monotonic() - self.request.started)
-        self.client.exchange_done(self, close=self.close_client)
-
-    async def _forwarded(self) -> None:
+    async def _forwarded(self) -> Exchange:
+        """Under the engine's lock: the request goes to vLLM, and the lock is held until its answer ends."""
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def on_end() -> None:
@@ -536,7 +525,7 @@ class SerializedForward(Answering):
 
         forward = Forward(self.client, self.request, self._engine, self._target, drop=self._drop, on_end=on_end,
                           on_answer=self._on_answer)  # fmt: skip
-        self.finished = True
+        self.finished = True  # the forward answers from here on
         self.client.replace_exchange(self, forward)
         forward.start()
         timeout = self._engine.settings.lifecycle_call_timeout_s
@@ -545,11 +534,4 @@ class SerializedForward(Answering):
                 await asyncio.shield(ended)
         except TimeoutError:
             forward.fail(UpstreamTimeout(f"vLLM did not answer within {timeout:g} s"), "upstream_unreachable")
-
-    def client_writable(self, writable: bool) -> None:
-        return None  # nothing is written before the forward takes over
-
-    def client_gone(self) -> None:
-        self.finished = True
-        if self._task is not None:
-            self._task.cancel()
+        return forward

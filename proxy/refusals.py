@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from .elastic_ep import gate_message
@@ -69,15 +69,7 @@ def response_refusal(status: int, headers: Iterable[tuple[bytes, bytes]], body: 
         return None
     if (gated := gate_message(status, body)) is not None:
         return Refusal(RefusalKind.ELASTIC_EP, gated)
-    payload = _json(body)
-    if not isinstance(payload, dict) or set(payload) != {"error"}:
-        return None
-    error = payload["error"]
-    if not isinstance(error, dict) or not set(error) <= _VLLM_ERROR_KEYS:
-        return None
-    if error.get("type") in _PAUSED_TYPES and error.get("code") == 503:
-        return Refusal(RefusalKind.ENGINE_PAUSED, str(error.get("message", "")))
-    return None
+    return _paused_refusal(body, _PAUSED_TYPES)
 
 
 def stream_refusal(status: int, headers: Iterable[tuple[bytes, bytes]], received: bytes) -> Refusal | Pending | None:
@@ -93,13 +85,19 @@ def stream_refusal(status: int, headers: Iterable[tuple[bytes, bytes]], received
     if event is None:
         return Pending.MORE if len(received) < MAX_FIRST_EVENT_BYTES else None
     data = b"\n".join(line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:"))
-    payload = _json(data)
+    return _paused_refusal(data, _PAUSED_STREAM_TYPES)
+
+
+def _paused_refusal(raw: bytes, paused_types: Collection[object]) -> Refusal | None:
+    """`raw` is vLLM's error envelope and nothing else (`{"error": {...}}`, only vLLM's keys), saying the engine is
+    paused: code 503 and one of `paused_types`."""
+    payload = _json(raw)
     if not isinstance(payload, dict) or set(payload) != {"error"}:
         return None
     error = payload["error"]
     if not isinstance(error, dict) or not set(error) <= _VLLM_ERROR_KEYS:
         return None
-    if error.get("code") == 503 and error.get("type") in _PAUSED_STREAM_TYPES:
+    if error.get("code") == 503 and error.get("type") in paused_types:
         return Refusal(RefusalKind.ENGINE_PAUSED, str(error.get("message", "")))
     return None
 
