@@ -98,7 +98,7 @@ class LifecycleCoordinator:
             self._refresh_gate,
             on_weights_changed=self._weights_changed,
             on_weights_discarded=lambda: self.end_forwarded_requests(
-                "the engine discarded its weights (a level-2 sleep) before this request ran"
+                "the engine discarded its weights (a level-2 sleep, or a /weight_checker reset) before this request ran"
             ),
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
