@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,16 +57,17 @@ async def test_a_steady_stream_for_one_model_keeps_the_other_waiting_at_most_one
         return statuses
 
     streams = [asyncio.ensure_future(stream()) for _ in range(3)]
+    loop = asyncio.get_running_loop()
     try:
         await stack.wait_for(lambda s: s["engines"]["a"]["inflight_requests"] > 0)
-        started = time.monotonic()
+        started = loop.time()
+        # Answered while a's streams go on: without turns b would wait for them to stop (hold_timeout_s: 30 s).
         async with asyncio.timeout(20):
             resp = await stack.completion("model-b")
-        waited = time.monotonic() - started
         assert resp.status == 200, await resp.text()
-        # One turn of a, its drain (generations of ~20 ms) and the swap (~20 ms of simulated sleep and wake).
-        assert waited < QUANTUM_S + 3.0, waited
-        assert waited >= QUANTUM_S * 0.5  # a served its turn first: not swapped out at once
+        assert loop.time() - started >= QUANTUM_S * 0.5  # a served its turn first: not swapped out at once
+        assert stack.sim_count("a", "sleep") == 1 and stack.sim_count("b", "wake_up") == 1  # one swap, for b
+        assert all(not stream.done() for stream in streams)
     finally:
         stop.set()
         async with asyncio.timeout(20):
@@ -184,11 +184,9 @@ async def test_a_neighbour_whose_trainer_freezes_it_mid_drain_is_swapped_out_at_
         await stack.wait_for(lambda s: s["engines"]["a"]["swapping_out_for"] == "b")  # draining a for b
         sleep = await stack.client.post("/engines/a/sleep", params={"level": "0", "mode": "keep"})
         assert sleep.status == 200, await sleep.text()
-        started = time.monotonic()
-        async with asyncio.timeout(10):  # the drain's deadline is 20 s
+        async with asyncio.timeout(10):  # the drain's deadline is 20 s: this ends only if a is swapped out at once
             resp = await waiting
         assert resp.status == 200, await resp.text()
-        assert time.monotonic() - started < 5.0
         async with asyncio.timeout(10):
             ended = await frozen  # ended by the swap's sleep, not left frozen
         assert ended.status in (200, 503), await ended.text()
