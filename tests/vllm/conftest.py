@@ -34,6 +34,19 @@ VllmServer = vllm_server_mod.VllmServer
 free_port = vllm_server_mod.free_port
 
 
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's timeout covers the test alone, not its fixtures: the session's vLLM starts in the first test's
+    set-up (up to 240 s, VllmServer.start's own deadline) and a dead one is restarted in a reset, and a test's
+    timeout must not cut those short and hide which deadline it was. Every fixture here has its own deadline."""
+    for item in items:  # this hook sees the whole session's items
+        marker = item.get_closest_marker("timeout")
+        if HERE in item.path.parents and marker is not None:
+            item.add_marker(pytest.mark.timeout(*marker.args, **{**marker.kwargs, "func_only": True}), append=False)
+
+
 # ---------------------------------------------------------------- sync HTTP helpers (fixtures)
 
 
