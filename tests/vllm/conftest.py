@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from lifeguard_testing import missing
 from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
@@ -74,7 +75,7 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) ->
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[Any]:
     if not os.environ.get("LIFEGUARD_VLLM_PYTHON") or not os.environ.get("LIFEGUARD_VLLM_MODEL"):
-        pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
+        missing("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
     log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     # --enable-scale-out: test_vllm_clients.py drives SkyRL's generate (/inference/v1/generate).
