@@ -22,8 +22,6 @@ ALLOWED_SKIPS = {
     r"^vLLM 0\.32 queues the request": "a scenario of vLLM 0.33's, met by the 0.32 profile and the real 0.32",
     r"^simulator-only check": "the conformance run against the real vLLM; the same check runs on the simulator",
     r"this machine has (NVML|CUDA)": "only on a machine with a GPU",
-    # Not legitimate, and listed so that it is seen: issue 40 item 9 (no LoRA adapter for the real vLLM yet).
-    r"^CONFORMANCE_LORA_PATH is not set": "the LoRA scenarios against the real vLLM: issue 40 item 9, still open",
 }
 
 

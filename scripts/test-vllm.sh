@@ -10,7 +10,8 @@
 #      test-clients, with a vLLM of its own;
 #      test_vllm_fleet.py puts vllm-router (scripts/install-router.sh) in front of it and two simulators (the
 #      same rule for a failed install);
-#   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM.
+#   3. tests/conformance (the simulator's conformance suite) against a second, dedicated real vLLM, started with
+#      --enable-lora; its LoRA scenarios load an adapter of the tiny model (scripts/vllm/make_tiny_lora.py).
 #
 # A test that fails is run once more (pytest-rerunfailures, `-rR` lists it as a rerun): a real vLLM whose API
 # server shares two cores with the proxy and the tests now and then answers later than any sane deadline, and
@@ -89,10 +90,15 @@ t_skyrl04=$((SECONDS - t3))
 rc_conf=0
 t_conf=0
 if compgen -G "tests/conformance/test_*.py" >/dev/null; then
-  log "tests/conformance against a real vLLM"
+  log "tests/conformance against a real vLLM (with --enable-lora and a LoRA adapter of the tiny model)"
   t2=$SECONDS
   out=$LIFEGUARD_VLLM_LOG_DIR/conformance-launcher.out
-  "$BIN/python" scripts/vllm/vllm_server.py --log "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >"$out" &
+  lora=$LIFEGUARD_VLLM_LOG_DIR/tiny-lora
+  if ! "$LIFEGUARD_VLLM_PYTHON" scripts/vllm/make_tiny_lora.py "$LIFEGUARD_VLLM_MODEL" "$lora" >&2; then
+    log "building the tiny model's LoRA adapter failed"
+    rc_conf=1
+  fi
+  "$BIN/python" scripts/vllm/vllm_server.py --enable-lora --log "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >"$out" &
   launcher=$!
   stop_launcher() {
     if kill -0 "$launcher" 2>/dev/null; then
@@ -114,8 +120,8 @@ if compgen -G "tests/conformance/test_*.py" >/dev/null; then
     fi
     sleep 0.5
   done
-  if [[ -n $url ]]; then
-    CONFORMANCE_ENGINE_URL=$url "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
+  if [[ -n $url && $rc_conf == 0 ]]; then
+    CONFORMANCE_ENGINE_URL=$url CONFORMANCE_LORA_PATH=$lora "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
     rc_conf=$?
   fi
   stop_launcher
