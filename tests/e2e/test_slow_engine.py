@@ -96,7 +96,7 @@ class Guarded:
         return body
 
     async def until(self, predicate: Any) -> None:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):  # names a hang; on a loaded 2-core machine rounds of 1 s stretch
             while not predicate():
                 await asyncio.sleep(0.02)
 
@@ -113,7 +113,7 @@ async def guard(aiohttp_server: Any, serve_lifeguard: Any, engine: SlowHealthEng
         **{"canary_enabled": False, **settings},
     )
     guarded = Guarded(await serve_lifeguard(config))
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(30):  # names a start that hangs (a loaded CI machine took over 5 s)
         while (await guarded.state())["state"] != "RUNNING":
             await asyncio.sleep(0.01)
     return guarded
@@ -141,7 +141,7 @@ async def test_an_engine_silent_for_three_rounds_is_failed(aiohttp_server: Any, 
 
     async def failed() -> None:
         nonlocal snapshot
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while (snapshot := await guarded.state())["state"] != "FAILED":
                 await asyncio.sleep(0.02)
 
