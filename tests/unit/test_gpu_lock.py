@@ -232,8 +232,9 @@ async def test_one_deadline_covers_this_proxys_lock_and_the_nodes(
     await ours.__aenter__()
     locks.node = node
     queued = asyncio.create_task(locks.hold("a2", "wake_up", (0,)).__aenter__())
-    await asyncio.sleep(0.05)  # a keeps this proxy's lock for 50 ms of the loop's time while a2 waits for it
+    await asyncio.sleep(0)  # one turn: a2 starts its hold (its deadline fixed) and waits for this proxy's lock
     assert not queued.done()
+    await asyncio.sleep(0.05)  # a keeps this proxy's lock for 50 ms more of the loop's time while a2 waits
     await ours.__aexit__(None, None, None)  # a lets go: a2 goes on to the node's lock, held by pod-b
     with pytest.raises(LifecycleBusy, match="pod-b"):
         await asyncio.wait_for(queued, 10)
