@@ -257,26 +257,25 @@ class EngineRecord:
     def weights_committed(self, why: str) -> None:
         """Weights the engine serves changed (`why`): blocks of its prefix cache computed before are stale from now
         until a reset of the cache succeeds; each change gets a salt of its own."""
-        self.prefix_partition = Partition.after(why)
-        self._metrics.prefix_partitioned(True)
         log.info("prefix cache partitioned: %s", why, extra={"event": "prefix_cache_partitioned", "reason": why})
-        self._on_view_change()
+        self._partition(Partition.after(why))
 
     def prefix_cache_cleared(self, by: str) -> None:
         """A reset of vLLM's prefix cache succeeded (sent by `by`): no block from older weights is left."""
         if self.prefix_partition is None:
             return
         held_s = time.time() - self.prefix_partition.since
-        self.prefix_partition = None
-        self._metrics.prefix_partitioned(False)
         log.info("prefix cache cleared by %s after %.1f s; requests are no longer salted", by, held_s,
                  extra={"event": "prefix_cache_cleared", "by": by, "partitioned_s": round(held_s, 3)})  # fmt: skip
-        self._on_view_change()
+        self._partition(None)
 
     def remembered_partition(self, partition: Partition) -> None:
         """A restarted proxy's state file says the prefix cache was partitioned: keep its salt."""
+        self._partition(partition)
+
+    def _partition(self, partition: Partition | None) -> None:
         self.prefix_partition = partition
-        self._metrics.prefix_partitioned(True)
+        self._metrics.prefix_partitioned(partition is not None)
         self._on_view_change()
 
     def error(self, reason: str, message: str) -> None:

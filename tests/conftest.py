@@ -1,12 +1,15 @@
 """What every test directory shares: the proxy as `vllm-lifeguard serve` runs it (`serve_lifeguard`), and
 clients whose every wait has a deadline shorter than pytest's own (120 s), so that a hang is named, not
-hidden."""
+hidden. Under `.ci/run` (LIFEGUARD_CI_RECORD, the group's folder) every pytest run records its JUnit XML and
+each rerun there, for the summary per group (scripts/ci_summary.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,24 @@ from aiohttp.test_utils import TestClient
 from lifeguard_testing import LifeguardServer, ServeLifeguard, client_timeout
 
 from proxy.config import Settings
+
+CI_RECORD = os.environ.get("LIFEGUARD_CI_RECORD")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if CI_RECORD and not config.option.xmlpath:  # a run that names its own JUnit file writes it there itself
+        config.option.xmlpath = str(Path(CI_RECORD) / f"pytest-{os.getpid()}.xml")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each rerun (pytest-rerunfailures), with its first failure's reason: CI lists and counts them."""
+    if CI_RECORD and report.outcome == "rerun":
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message if crash is not None else (str(report.longrepr).strip().splitlines() or [""])[-1]
+        with open(Path(CI_RECORD) / "reruns.jsonl", "a") as f:
+            f.write(json.dumps({"test": report.nodeid, "when": report.when, "reason": str(reason)}) + "\n")
+
 
 #: The loop every async test runs on: `serve`'s (uvloop), or asyncio's own, its fallback (`make test` runs both).
 TEST_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {

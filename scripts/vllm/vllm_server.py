@@ -5,7 +5,7 @@ Used two ways:
 * imported by ``tests/vllm/conftest.py`` (``VllmServer``), one server per pytest session;
 * as a launcher for suites that only need a URL (the conformance suite)::
 
-      python scripts/vllm/vllm_server.py [--port N] [--log FILE]
+      python scripts/vllm/vllm_server.py [--port N] [--log FILE] [--enable-lora]
 
   prints ``CONFORMANCE_ENGINE_URL=http://127.0.0.1:N`` once /health answers 200, then keeps
   the server up until it gets SIGTERM/SIGINT (or vLLM dies: exit 1), and stops it by PID.
@@ -53,6 +53,10 @@ VLLM_ENV = {
 # Flags both suites' servers get: --enable-scale-out mounts /inference/v1/generate, the rollout route of
 # SkyRL, prime-rl and vime (vLLM 0.32 answers it 403 without the flag).
 SUITE_ARGS = ("--enable-scale-out",)
+# The launcher's --enable-lora (the conformance run's LoRA scenarios): runtime adapter loading, rank up to 8 (the
+# adapter scripts/vllm/make_tiny_lora.py builds).
+LORA_ARGS = ("--enable-lora", "--max-lora-rank", "8", "--max-loras", "1")
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
 
 def free_port() -> int:
@@ -256,8 +260,12 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--log", default=None, help="vLLM log file (default: a temp file)")
     ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--enable-lora", action="store_true", help="serve runtime-loaded LoRA adapters")
     args = ap.parse_args()
-    server = VllmServer(port=args.port, log_path=args.log, extra_args=SUITE_ARGS)
+    if args.enable_lora:
+        os.environ.update(LORA_ENV)
+    extra_args = SUITE_ARGS + (LORA_ARGS if args.enable_lora else ())
+    server = VllmServer(port=args.port, log_path=args.log, extra_args=extra_args)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

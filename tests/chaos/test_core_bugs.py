@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from lifeguard_testing import LifeguardServer
@@ -22,14 +23,15 @@ from proxy.config import Settings
 
 
 async def _stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,
-                 sim_app: web.Application | None = None) -> tuple[TestClient[Any, Any], Engine]:  # fmt: skip
+                 sim_app: web.Application | None = None,
+                 reconcile_interval_s: float = 0.2) -> tuple[TestClient[Any, Any], Engine]:  # fmt: skip
     gpu = tmp_path / "gpu.json"
     app = sim_app or create_sim_app(SimSettings(sleep_seconds=0.01, wake_seconds=0.01, gpu_file=gpu))
     server = await aiohttp_server(app)
     settings = Settings(
         upstream=str(server.make_url("")).rstrip("/"),
         gpu_probe=f"file:{gpu}",
-        reconcile_interval_s=0.2,
+        reconcile_interval_s=reconcile_interval_s,
         verify_timeout_s=1.0,
         verify_poll_interval_s=0.01,
     )
@@ -39,6 +41,25 @@ async def _stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,
         assert time.monotonic() < deadline, "the proxy never reached RUNNING"
         await asyncio.sleep(0.01)
     return client, app[SIM_ENGINE]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="stale_noop (chaos_checks.KNOWN_BUGS): a no-op is answered from the proxy's belief, which an engine "
+    "restart leaves stale until the next reconcile round (docs/reliability.md)",
+)
+async def test_a_repeated_sleep_after_the_engine_restarted_awake_is_not_answered_from_a_stale_belief(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The chaos run's `stale_noop`: vLLM died and came back awake between two reconcile rounds; the proxy, still
+    believing it asleep, answered the next /sleep as a no-op while the engine was awake. Wanted: the 200 of a
+    /sleep means the engine sleeps at that level."""
+    client, engine = await _stack(aiohttp_server, aiohttp_client, tmp_path, reconcile_interval_s=60)
+    assert (await client.post("/sleep", params={"level": "1"})).status == 200
+    engine.restart()  # a fresh process, awake, well before the next reconcile round
+    resp = await client.post("/sleep", params={"level": "1"})
+    assert resp.status == 200, await resp.text()
+    assert engine.is_sleeping and engine.sleep_level == 1, resp.headers.get("X-Lifeguard-Noop")
 
 
 async def test_reload_weights_is_refused_while_the_weights_sleep(aiohttp_server: Any, aiohttp_client: Any,

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer
 
@@ -60,6 +61,7 @@ class Stack:
     sim_url: str
     engine: Engine
     calls: list[str] = field(default_factory=list)  # method and path of every call the proxy received
+    sim_calls: list[str] = field(default_factory=list)  # method and path of every call the simulator received
 
     async def get(self, url: str) -> dict[str, Any]:
         timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
@@ -89,6 +91,15 @@ class Stack:
         assert state["violations"] == [], state["violations"]
         await self.wait_for(lambda s: s["state"] == "RUNNING" and s["held_requests"] == 0, "RUNNING, nothing held")
 
+    async def reconciled(self, timeout: float = 10) -> None:
+        """Wait for a reconcile round to read the engine's flags: a GET /is_sleeping the simulator receives from
+        now on (the check after a lifecycle call ends before the proxy answers it)."""
+        seen = len(self.sim_calls)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while "GET /is_sleeping" not in self.sim_calls[seen:]:
+            assert asyncio.get_running_loop().time() < deadline, f"no reconcile round within {timeout} s"
+            await asyncio.sleep(0.02)
+
     def sent(self, *paths: str) -> list[str]:
         """The calls the proxy received whose path is one of `paths`, in order."""
         return [call for call in self.calls if call.split(" ", 1)[1].split("?")[0] in paths]
@@ -102,6 +113,15 @@ async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Calla
         gpu_file = tmp_path / "gpu.json"
         sim_settings = {"model": MODEL, "gpu_file": gpu_file, "token_seconds": 0.002, **(sim or {})}
         sim_app = create_sim_app(SimSettings(**sim_settings))
+        sim_calls: list[str] = []
+
+        @web.middleware
+        async def record_sim_call(request: web.Request, handler: Any) -> web.StreamResponse:
+            sim_calls.append(f"{request.method} {request.path}")
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        sim_app.middlewares.append(record_sim_call)
         sim_server: TestServer = await aiohttp_server(sim_app)
         proxy.setdefault("hold_timeout_s", HOLD_TIMEOUT_S)
         settings = Settings(
@@ -127,6 +147,7 @@ async def make_stack(aiohttp_server: Any, tmp_path: Path) -> AsyncIterator[Calla
             str(sim_server.make_url("")).rstrip("/"),
             sim_app[SIM_ENGINE],
             calls,
+            sim_calls,
         )
         await stack.wait_for(lambda s: s["state"] == "RUNNING", "the proxy to see the engine")
         return stack

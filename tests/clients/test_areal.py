@@ -15,7 +15,6 @@ torch and Ray at the top). The simulator serves AReaL's server-wrapper routes (t
 
 from __future__ import annotations
 
-import asyncio
 import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,8 +27,6 @@ from clients.stand_ins import bare_packages, client_site, definitions, load
 
 # AReaL's defaults (areal/api/cli_args.py InferenceEngineConfig): 3 attempts, 1 s apart.
 RETRIES = 3
-# Long enough for the proxy's reconcile (every 2 s) to see the engine paused by AReaL's own route.
-TRAINING_SECONDS = 3.0
 
 
 @dataclass
@@ -84,7 +81,7 @@ async def test_rollout_then_colocated_offload_and_onload(areal: Callable[[], Awa
     await client.rollout()
     await client.send(client.backend.get_pause_request())
     await client.send(client.backend.get_offload_request())
-    await asyncio.sleep(TRAINING_SECONDS)  # the trainer trains; the proxy reconciles meanwhile
+    await stack.reconciled()  # the trainer trains; a reconcile round sees the engine asleep meanwhile
     await client.send(client.backend.get_onload_request())
     answer = await client.send(client.backend.get_resume_request())
     assert answer["success"] is True, answer
@@ -102,7 +99,7 @@ async def test_disk_weight_update(areal: Callable[[], Awaitable[tuple[Stack, Are
     stack, client = await areal()
     before = await client.rollout()
     await client.send(client.backend.get_pause_request())
-    await asyncio.sleep(TRAINING_SECONDS)  # FSDPEngine._save_model_to_hf writes the checkpoint
+    await stack.reconciled()  # FSDPEngine._save_model_to_hf writes the checkpoint; a round sees the pause
     meta = types.SimpleNamespace(use_lora=False, path=tmp_path / "checkpoint", version=1, lora_name=None)
     (update,) = client.backend.build_disk_weight_update_requests(meta).requests
     assert update.endpoint == "/areal_update_weights"

@@ -3,8 +3,9 @@ clients themselves): token ids on completions, batched prompts with n>1, `/serve
 `/inference/v1/generate`, and runtime LoRA adapters.
 
 The real engine for this suite runs with `--enable-scale-out`; the LoRA scenarios need an adapter
-directory the engine can load (`CONFORMANCE_LORA_PATH`, made by scripts/vllm/make_tiny_model.py) and a
-vLLM started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`.
+directory the engine can load (`CONFORMANCE_LORA_PATH`: scripts/test-vllm.sh builds one for the tiny model with
+scripts/vllm/make_tiny_lora.py) and a vLLM started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`
+(the launcher's `--enable-lora`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lifeguard_testing import missing
 
 from conformance.api import VllmApi
 from conformance.conftest import REAL_ENGINE_URL
@@ -118,7 +120,7 @@ def lora_path(tmp_path: Path) -> str:
     if REAL_ENGINE_URL:
         path = os.environ.get("CONFORMANCE_LORA_PATH")
         if not path:
-            pytest.skip("CONFORMANCE_LORA_PATH is not set: the real engine has no LoRA adapter to load")
+            missing("CONFORMANCE_LORA_PATH is not set: the real engine has no LoRA adapter to load")
         return path
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
     return str(tmp_path)
@@ -145,6 +147,33 @@ async def test_a_loaded_adapter_is_servable_by_name_until_unloaded(vllm: VllmApi
     assert answer.status == 404
     gone = await vllm.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": "conf-a"})
     assert gone.status == 404
+
+
+async def test_an_adapter_still_listed_after_a_sleep_and_a_wake_answers_as_before(
+    vllm: VllmApi, lora_path: str
+) -> None:
+    """What the proxy's LoRA check after a wake relies on (proxy/probes.py): /v1/models lists an adapter only while
+    it is applied. Listed after a level-1 sleep and a wake, it answers as it did before the sleep (not as the base
+    model); lost, it is not listed."""
+    adapter = {"lora_name": "conf-w", "lora_path": lora_path}
+    assert (await vllm.call("POST", "/v1/load_lora_adapter", json_body=adapter)).status == 200
+
+    async def tokens(model: str) -> Any:
+        body = {"model": model, "prompt": PROMPT_IDS, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        answer = await vllm.call("POST", "/v1/completions", json_body=body)
+        assert answer.status == 200, answer.text
+        return answer.body["choices"][0]["text"]
+
+    try:
+        before = await tokens("conf-w")
+        assert before != await tokens(vllm.model)  # the adapter is applied: it does not answer as the base model
+        assert (await vllm.sleep(1)).status == 200
+        assert (await vllm.wake()).status == 200
+        listed = [card["id"] for card in (await vllm.get("/v1/models")).body["data"]]
+        if "conf-w" in listed:
+            assert await tokens("conf-w") == before
+    finally:
+        await vllm.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": "conf-w"})
 
 
 async def test_loading_an_adapter_from_a_missing_path_fails(vllm: VllmApi, lora_path: str, tmp_path: Path) -> None:

@@ -465,8 +465,7 @@ def test_the_readme_pod_example_is_a_valid_pod_spec() -> None:
     """The README's "Put it in your pod" snippet: a pod spec with the same wiring as the manifests."""
     readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").is_file() else ""
     match = re.search(r"## Put it in your pod.*?```yaml\n(.*?)```", readme, re.DOTALL)
-    if not match:
-        pytest.skip("README.md has no 'Put it in your pod' section yet")
+    assert match, "README.md lost its 'Put it in your pod' section (a ```yaml block under that heading)"
     spec = yaml.safe_load(match.group(1).replace("<your-registry>", "registry.example.com"))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example"}, "spec": spec}
     kubernetes_validate = _kubernetes_validate()

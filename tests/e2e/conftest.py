@@ -8,10 +8,13 @@ polling with a deadline, never a fixed sleep). The proxy listens as `vllm-lifegu
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -168,11 +171,24 @@ BIG = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}
 MEDIUM = {"weights_gib": 16, "kv_gib": 20, "overhead_gib": 2, "total_gib": 80}
 
 
+def chaos_module(name: str) -> ModuleType:
+    """tests/chaos/<name>.py (no package: the chaos run imports it as a script's neighbour), imported once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "chaos" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 @dataclass
 class EnginesStack(ProxyState):
     client: TestClient
     sims: dict[str, TestServer]
     gpu_file: Path
+    # Each simulator's journal, as the chaos run writes it (tests/chaos/sim_process.py).
+    journals: dict[str, Path]
 
     @property
     def lifeguard(self) -> Lifeguard:
@@ -201,6 +217,18 @@ class EnginesStack(ProxyState):
     def violations(self) -> dict[str, list[dict[str, object]]]:
         return {name: self.sim(name).violations for name in self.sims if self.sim(name).violations}
 
+    def unexcused_violations(self) -> dict[str, list[dict[str, Any]]]:
+        """Each engine's violations but those the chaos run excuses, by its own rule (`known_violation`: a request
+        in transit, that reached vLLM while a pause or sleep ran or within `IN_TRANSIT_S` after it)."""
+        checks = chaos_module("chaos_checks")
+        found: dict[str, list[dict[str, Any]]] = {}
+        for name, path in self.journals.items():
+            journal = checks.read_journal(path, name)
+            unexcused = [v for v in journal.violations if not checks.known_violation(v, journal.pausing)]
+            if unexcused:
+                found[name] = unexcused
+        return found
+
 
 @pytest.fixture
 def make_engines(
@@ -220,6 +248,8 @@ def make_engines(
     ) -> EnginesStack:
         gpu_file = tmp_path / "gpu.json"
         sims: dict[str, TestServer] = {}
+        journals: dict[str, Path] = {}
+        sim_process = chaos_module("sim_process")
         for name in names:
             sim_settings = SimSettings(
                 **{
@@ -234,6 +264,9 @@ def make_engines(
             sims[name] = await aiohttp_server(create_sim_app(sim_settings))
             if name in asleep:
                 await sims[name].app[SIM_ENGINE].sleep(1, "abort")
+            # Journaled from here: a sleep before the proxy started has no request in transit across it.
+            journals[name] = tmp_path / f"journal-{name}.jsonl"
+            sim_process.instrument(sims[name].app[SIM_ENGINE], sim_process.Journal(str(journals[name])))
         engines = [
             {
                 "name": name,
@@ -249,7 +282,7 @@ def make_engines(
             **TEST_TIMINGS,
             **overrides,
         }
-        stack = EnginesStack(await serve_lifeguard(Settings(**values)), sims, gpu_file)
+        stack = EnginesStack(await serve_lifeguard(Settings(**values)), sims, gpu_file, journals)
         expected = {name: "SLEEPING" if name in asleep else "RUNNING" for name in names}
         await stack.wait_for(
             lambda s: (

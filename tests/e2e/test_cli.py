@@ -72,11 +72,9 @@ async def test_sigterm_answers_held_requests_503_and_exits_0(tmp_path: Path) -> 
             held = asyncio.ensure_future(
                 session.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
             )
-            for _ in range(500):
-                state = await (await session.get(f"{base}/lifeguard/state")).json()
-                if state["held_requests"] == 1:
-                    break
-                await asyncio.sleep(0.01)
+            async with asyncio.timeout(10):
+                while (await (await session.get(f"{base}/lifeguard/state")).json())["held_requests"] != 1:
+                    await asyncio.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
             resp = await asyncio.wait_for(held, 10)
             assert resp.status == 503

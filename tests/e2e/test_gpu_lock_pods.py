@@ -230,12 +230,12 @@ async def test_racing_wakes_through_several_proxies_wake_one_and_refuse_the_othe
     assert logged, "no proxy logged a wait for another pod"
 
 
-async def test_a_proxy_killed_9_while_holding_the_gpu_lets_another_proxys_wake_proceed_within_a_second(
+async def test_a_proxy_killed_9_while_holding_the_gpu_lets_another_proxys_wake_proceed_at_once(
     make_node: MakeNode,
 ) -> None:
     """Two engines that fit together (38 GiB each). Proxy a holds the GPU through a wake its simulator makes
     slow (20 s); proxy b's wake waits for it, its state naming a's process as the holder. kill -9 of proxy a:
-    the kernel frees its lock, and b's wake reaches its simulator within a second."""
+    the kernel frees its lock, and b's wake reaches its simulator long before a's slow wake would have ended."""
     node = await make_node({"a": ("GPU-sim-0",), "b": ("GPU-sim-0",)}, sizes=MEDIUM, footprint_gib=38)
     a, b = node.pods["a"], node.pods["b"]
     a.sim.set_faults(["wake_up:slow:20"])
@@ -251,10 +251,12 @@ async def test_a_proxy_killed_9_while_holding_the_gpu_lets_another_proxys_wake_p
     assert b.sim_count("wake_up") == 0 and not waiting.done()
 
     a.proc.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    while b.sim_count("wake_up") == 0:
-        assert time.monotonic() - killed < 1.0, "b's wake did not reach its simulator within a second"
-        await asyncio.sleep(0.005)
+    try:
+        async with asyncio.timeout(10):  # a's wake holds its simulator for 20 s: only the kill can free the GPU
+            while b.sim_count("wake_up") == 0:
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        pytest.fail("b's wake did not reach its simulator after proxy a was killed")
     assert (await asyncio.wait_for(waiting, 20))[0] == 200
     assert not b.sim.is_sleeping
     with pytest.raises(aiohttp.ClientError):

@@ -43,7 +43,7 @@ async def test_a_repeated_sleep_is_a_noop_that_never_reaches_vllm(make_stack: An
 
 async def test_sleep_at_another_level_while_asleep_is_409(make_stack: Any) -> None:
     stack = await make_stack()
-    await post(stack, "/sleep?level=1")
+    assert (await post(stack, "/sleep?level=1")).status == 200
     resp = await post(stack, "/sleep?level=0")
     assert resp.status == 409
     assert resp.headers["X-Lifeguard-Reason"] == "already_asleep"

@@ -432,7 +432,9 @@ async def test_a_sleep_that_freed_nothing_is_woken_for_free_then_put_to_a_real_s
     want of its whole footprint; awake again, it can be put to a real sleep for b."""
     stack = await make_engines()
     stack.sim("a").set_faults(["sleep:lie-memory"])
-    await stack.client.post("/engines/a/sleep?level=1")
+    slept = await stack.client.post("/engines/a/sleep?level=1")
+    # The lie is caught: the memory check fails the sleep, and a is held asleep by its flags.
+    assert slept.status == 503 and slept.headers["X-Lifeguard-Reason"] == "verification_failed", await slept.text()
     await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "SLEEPING" and not s["engines"]["a"]["lifecycle_busy"])
     stack.sim("a").set_faults([])
     resp = await stack.completion("model-b")

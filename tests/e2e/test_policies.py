@@ -25,9 +25,12 @@ async def test_wake_on_request_wakes_once_for_many_requests_and_answers_them(mak
 async def test_wake_on_request_never_wakes_onto_discarded_weights(make_stack: Any) -> None:
     stack = await make_stack(on_sleeping="wake", hold_timeout_s=0.3)
     assert (await stack.client.post("/sleep?level=2")).status == 200
+    wakes = stack.sim_count("wake_up")
     resp = await stack.completion()
     assert resp.status == 503 and resp.headers["X-Lifeguard-Reason"] == "hold_timeout"
     assert (await stack.state())["state"] == "SLEEPING"
+    assert stack.sim_count("wake_up") == wakes and stack.sim_count("generate") == 0  # no wake, nothing generated
+    assert stack.sim.violations == []
 
 
 async def test_reject_policy_answers_503_engine_sleeping_at_once(make_stack: Any) -> None:

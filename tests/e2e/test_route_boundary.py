@@ -7,16 +7,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import Stack, raw_exchange, status_of
+from lifeguard_sim.app import SimSettings
+
+from .conftest import FAST_SIM, Stack, raw_exchange, status_of
 
 TOKEN = "s3cret-admin-token"
 LORA = {"lora_name": "a", "lora_path": "/models/lora-a"}
+#: A simulator that serves the LoRA routes (vLLM's --enable-lora) and SkyRL's own one.
+LORA_SIM = SimSettings(**{**FAST_SIM.__dict__, "enable_lora": True, "trainer_servers": ("skyrl",)})
+
+
+def _adapter(tmp_path: Path, name: str) -> dict[str, str]:
+    """A LoRA adapter directory as trainers write it (the simulator loads one that has adapter_config.json)."""
+    folder = tmp_path / f"lora-{name}"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 16, "peft_type": "LORA"}')
+    return {"lora_name": name, "lora_path": str(folder)}
 
 
 def _post(target: str, *, body: bytes = b"", headers: str = "") -> bytes:
@@ -123,29 +135,37 @@ async def test_every_control_route_needs_the_token(
 
 
 # ----- hold what must pass: trainers send these inside their weight sync
-async def test_lora_load_while_paused_is_forwarded_not_held(make_stack: Callable[..., Awaitable[Stack]]) -> None:
+async def test_lora_load_while_paused_is_forwarded_not_held(
+    make_stack: Callable[..., Awaitable[Stack]], tmp_path: Path
+) -> None:
     """TRL's AsyncGRPOTrainer._sync_weight_lora: pause, /v1/load_lora_adapter, resume. Was: 503 hold_timeout."""
-    stack = await make_stack(hold_timeout_s=2.0)
+    stack = await make_stack(LORA_SIM, hold_timeout_s=2.0)
     assert (await stack.client.post("/pause", params={"mode": "keep"})).status == 200
-    started = time.monotonic()
-    resp = await stack.client.post("/v1/load_lora_adapter", json=LORA)
-    assert resp.headers.get("X-Lifeguard-Reason") != "hold_timeout"
-    assert resp.status != 503, await resp.text()
-    assert time.monotonic() - started < 1.5
+    adapter = _adapter(tmp_path, "a")
+    resp = await stack.client.post("/v1/load_lora_adapter", json=adapter)
+    assert resp.status == 200, await resp.text()
+    assert stack.sim.is_paused and stack.sim.lora_adapters == {"a": adapter["lora_path"]}  # loaded while paused
     assert (await stack.client.post("/resume")).status == 200
 
 
 async def test_skyrl_colocated_lora_sync_passes_between_the_two_wakes(
-    make_stack: Callable[..., Awaitable[Stack]],
+    make_stack: Callable[..., Awaitable[Stack]], tmp_path: Path
 ) -> None:
     """SkyRL's fsdp_worker._save_lora_adapters_and_sync: wake_up?tags=weights, then its LoRA route, then
     wake_up?tags=kv_cache. Was: the LoRA call held until hold_timeout (the engine is still asleep)."""
-    stack = await make_stack(hold_timeout_s=2.0)
+    stack = await make_stack(LORA_SIM, hold_timeout_s=2.0)
     assert (await stack.client.post("/sleep", params={"level": "1"})).status == 200
     assert (await stack.client.post("/wake_up", params={"tags": "weights"})).status == 200
-    for path in ("/skyrl/v1/load_lora_adapter", "/v1/load_lora_adapter"):
-        resp = await stack.client.post(path, json=LORA)
-        assert resp.status != 503 and resp.headers.get("X-Lifeguard-Reason") is None, (path, await resp.text())
+    adapters = {
+        "/skyrl/v1/load_lora_adapter": _adapter(tmp_path, "a"),
+        "/v1/load_lora_adapter": _adapter(tmp_path, "b"),
+    }
+    for path, adapter in adapters.items():
+        resp = await stack.client.post(path, json=adapter)
+        assert resp.status == 200, (path, await resp.text())
+    # Both reached vLLM while its KV cache still slept.
+    assert stack.sim.lora_adapters == {a["lora_name"]: a["lora_path"] for a in adapters.values()}
+    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache"]
     assert (await stack.client.post("/wake_up", params={"tags": "kv_cache"})).status == 200
     assert (await stack.state())["state"] == "RUNNING"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,16 +57,17 @@ async def test_a_steady_stream_for_one_model_keeps_the_other_waiting_at_most_one
         return statuses
 
     streams = [asyncio.ensure_future(stream()) for _ in range(3)]
+    loop = asyncio.get_running_loop()
     try:
         await stack.wait_for(lambda s: s["engines"]["a"]["inflight_requests"] > 0)
-        started = time.monotonic()
+        started = loop.time()
+        # Answered while a's streams go on: without turns b would wait for them to stop (hold_timeout_s: 30 s).
         async with asyncio.timeout(20):
             resp = await stack.completion("model-b")
-        waited = time.monotonic() - started
         assert resp.status == 200, await resp.text()
-        # One turn of a, its drain (generations of ~20 ms) and the swap (~20 ms of simulated sleep and wake).
-        assert waited < QUANTUM_S + 3.0, waited
-        assert waited >= QUANTUM_S * 0.5  # a served its turn first: not swapped out at once
+        assert loop.time() - started >= QUANTUM_S * 0.5  # a served its turn first: not swapped out at once
+        assert stack.sim_count("a", "sleep") == 1 and stack.sim_count("b", "wake_up") == 1  # one swap, for b
+        assert all(not stream.done() for stream in streams)
     finally:
         stop.set()
         async with asyncio.timeout(20):
@@ -98,10 +98,13 @@ async def test_the_state_shows_who_waits_and_for_what(make_engines: MakeEngines)
     busy = asyncio.ensure_future(stream())
     try:
         await stack.wait_for(lambda s: s["engines"]["a"]["inflight_requests"] > 0)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         waiting = asyncio.ensure_future(stack.completion("model-b"))
         state = await stack.wait_for(lambda s: bool(s.get("waiting", {}).get("b", {}).get("swap_waits_for")))
         b = state["waiting"]["b"]
-        assert b["requests"] == 1 and b["oldest_wait_s"] >= 0 and "a serves its turn" in b["swap_waits_for"]
+        assert b["requests"] == 1 and "a serves its turn" in b["swap_waits_for"]
+        assert 0 <= b["oldest_wait_s"] <= loop.time() - sent  # since b's request came in, not before
         assert 0 < b["turn_left_s"] <= 3.0 and state["swap_quantum_s"] == 3.0
         async with asyncio.timeout(20):
             assert (await waiting).status == 200
@@ -144,11 +147,31 @@ async def test_a_trainers_own_calls_interleave_with_scheduled_swaps_without_a_de
     # but a verified refusal to wake into a full GPU.
     assert all(status in (200, 409, 503) for status in trainer_statuses), trainer_statuses
     # A request forwarded a moment before the trainer's own sleep reaches vLLM after it (in transit: vLLM queues
-    # it and runs it after the wake, answered 200 above); the swaps' own sleeps drain first and leave none.
-    in_transit = "generate_while_asleep_or_paused"
-    others = {name: [v for v in vs if v["kind"] != in_transit] for name, vs in stack.violations().items()}
-    assert {name: vs for name, vs in others.items() if vs} == {}
+    # it and runs it after the wake, answered 200 above); the swaps' own sleeps drain first and leave none. Only
+    # the chaos run's rule excuses it: one that reached a sleeping engine later than that is forwarded to it.
+    assert stack.unexcused_violations() == {}
     assert stack.device_used() <= TOTAL
+
+
+async def test_a_request_that_reaches_a_sleeping_engine_outside_a_pause_or_sleep_is_not_excused(
+    make_engines: MakeEngines,
+) -> None:
+    """The rule above can fail: a generation sent straight to b, asleep since before the proxy started (as a proxy
+    that forwarded to a sleeping engine would send it), is no request in transit."""
+    stack = await make_engines(swap_quantum_s=QUANTUM_S)
+    body = {"model": "model-b", "prompt": "x", "max_tokens": 1}
+    direct = asyncio.ensure_future(stack.client.session.post(stack.sims["b"].make_url("/v1/completions"), json=body))
+    try:
+        async with asyncio.timeout(10):
+            while not stack.violations():  # it arrived; the sleeping engine queues it
+                await asyncio.sleep(0.01)
+        assert [v["kind"] for v in stack.unexcused_violations()["b"]] == ["generate_while_asleep_or_paused"]
+        stack.sim("b").abort_requests(None)
+        async with asyncio.timeout(10):
+            (await direct).release()
+    finally:
+        direct.cancel()
+        await asyncio.gather(direct, return_exceptions=True)
 
 
 async def test_a_neighbour_whose_trainer_freezes_it_mid_drain_is_swapped_out_at_once(make_engines: MakeEngines) -> None:
@@ -164,11 +187,9 @@ async def test_a_neighbour_whose_trainer_freezes_it_mid_drain_is_swapped_out_at_
         await stack.wait_for(lambda s: s["engines"]["a"]["swapping_out_for"] == "b")  # draining a for b
         sleep = await stack.client.post("/engines/a/sleep", params={"level": "0", "mode": "keep"})
         assert sleep.status == 200, await sleep.text()
-        started = time.monotonic()
-        async with asyncio.timeout(10):  # the drain's deadline is 20 s
+        async with asyncio.timeout(10):  # the drain's deadline is 20 s: this ends only if a is swapped out at once
             resp = await waiting
         assert resp.status == 200, await resp.text()
-        assert time.monotonic() - started < 5.0
         async with asyncio.timeout(10):
             ended = await frozen  # ended by the swap's sleep, not left frozen
         assert ended.status in (200, 503), await ended.text()

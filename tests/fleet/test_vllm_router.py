@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from lifeguard_testing import missing
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleet import Fleet, run_cycles, write_report  # noqa: E402
@@ -28,7 +29,7 @@ INTERVAL_S = 1
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     router = os.environ.get("LIFEGUARD_ROUTER_BIN")
     if not router:
-        pytest.skip("LIFEGUARD_ROUTER_BIN unset: run `make test-fleet` (installs vllm-router)")
+        missing("LIFEGUARD_ROUTER_BIN unset: run `make test-fleet` (installs vllm-router)")
     workdir = Path(os.environ.get("LIFEGUARD_FLEET_LOG_DIR") or tmp_path)
     workdir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(workdir, router)

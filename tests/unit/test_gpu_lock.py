@@ -19,7 +19,16 @@ from pydantic import ValidationError
 from proxy.config import Settings
 from proxy.errors import GpuLockUnavailable, LifecycleBusy
 from proxy.gpu import DeviceMemory, FileReader, GpuReading, NoGpuReader
-from proxy.gpu_lock import GpuLocks, GpuLockSetupError, GpuUuids, Holder, NodeLocks, open_node_locks, probe
+from proxy.gpu_lock import (
+    GpuLocks,
+    GpuLockSetupError,
+    GpuUuids,
+    Holder,
+    LockFile,
+    NodeLocks,
+    open_node_locks,
+    probe,
+)
 
 GIB = 1 << 30
 
@@ -49,6 +58,29 @@ def deadline(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
 
 
+@pytest.fixture
+def refused_tries(monkeypatch: pytest.MonkeyPatch) -> dict[str, asyncio.Event]:
+    """Per lock file name, set once a `try_take` of it found it held: a waiter is waiting on it."""
+    tried: dict[str, asyncio.Event] = {}
+    try_take = LockFile.try_take
+
+    def watched(self: LockFile, holder: Holder) -> bool:
+        taken = try_take(self, holder)
+        if not taken:
+            tried.setdefault(self.path.name, asyncio.Event()).set()
+        return taken
+
+    monkeypatch.setattr(LockFile, "try_take", watched)
+    return tried
+
+
+async def waiting_on(tried: dict[str, asyncio.Event], name: str) -> None:
+    async with asyncio.timeout(10):
+        while name not in tried:
+            await asyncio.sleep(0)  # the waiter's first try is due on this loop
+        await tried[name].wait()
+
+
 async def test_a_second_lifeguard_waits_for_the_first_and_is_told_who_holds_the_gpu(tmp_path: Path) -> None:
     first, second = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
     held, contended = await first.take("a", "wake_up", (0,), deadline(1))
@@ -56,10 +88,10 @@ async def test_a_second_lifeguard_waits_for_the_first_and_is_told_who_holds_the_
     on_disk = Holder.parse((tmp_path / "GPU-x.lock").read_text())
     assert on_disk is not None and (on_disk.host, on_disk.engine, on_disk.op) == ("pod-a", "a", "wake_up")
 
-    t0 = time.monotonic()
+    gives_up_at = deadline(0.3)
     with pytest.raises(LifecycleBusy) as refused:
-        await second.take("b", "wake_up", (0,), deadline(0.3))
-    assert 0.3 <= time.monotonic() - t0 < 1.0
+        await second.take("b", "wake_up", (0,), gives_up_at)
+    assert asyncio.get_running_loop().time() >= gives_up_at  # waited out its deadline, not refused at once
     assert refused.value.status == 409
     assert "GPU GPU-x" in refused.value.message and "engine a (wake_up)" in refused.value.message
     assert "pod-a" in refused.value.message
@@ -71,23 +103,27 @@ async def test_a_second_lifeguard_waits_for_the_first_and_is_told_who_holds_the_
     second.release(taken)
 
 
-async def test_the_wait_ends_as_soon_as_the_holder_lets_go_and_is_logged_with_its_name(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+async def test_the_wait_ends_when_the_holder_lets_go_and_is_logged_with_its_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, refused_tries: dict[str, asyncio.Event]
 ) -> None:
     first, second = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
     held, _ = await first.take("a", "collective_rpc", (0,), deadline(1))
-    asyncio.get_running_loop().call_later(0.2, first.release, held)
     caplog.set_level(logging.INFO, "lifeguard.gpu_lock")
-    t0 = time.monotonic()
-    taken, contended = await second.take("b", "wake_up", (0,), deadline(5))
-    assert contended and 0.15 < time.monotonic() - t0 < 1.5
+    take = asyncio.create_task(second.take("b", "wake_up", (0,), deadline(30)))
+    await waiting_on(refused_tries, "GPU-x.lock")
+    assert not take.done()
+    first.release(held)
+    taken, contended = await asyncio.wait_for(take, 10)  # long before its own deadline: the release ended it
+    assert contended
     (line,) = [r for r in caplog.records if getattr(r, "event", None) == "gpu_lock_waited"]
     assert "wake_up of b waited" in line.getMessage() and "engine a (collective_rpc)" in line.getMessage()
     assert line.holders == ["pod-a"]  # type: ignore[attr-defined]
     second.release(taken)
 
 
-async def test_a_holder_killed_9_frees_the_gpu_at_once_and_its_stale_name_is_not_reported(tmp_path: Path) -> None:
+async def test_a_holder_killed_9_frees_the_gpu_at_once_and_its_stale_name_is_not_reported(
+    tmp_path: Path, refused_tries: dict[str, asyncio.Event]
+) -> None:
     """The kernel releases a dead process's flock: no lease to expire. The file still says who held it; a
     probe that finds the lock free does not believe it."""
     lock = tmp_path / "GPU-x.lock"
@@ -107,13 +143,12 @@ async def test_a_holder_killed_9_frees_the_gpu_at_once_and_its_stale_name_is_not
         held, named = probe(lock)
         assert held and named is not None and named.host == "pod-dead"
         waiter = lifeguard(tmp_path, "pod-b", "GPU-x")
-        take = asyncio.create_task(waiter.take("b", "wake_up", (0,), deadline(10)))
-        await asyncio.sleep(0.2)
+        take = asyncio.create_task(waiter.take("b", "wake_up", (0,), deadline(30)))
+        await waiting_on(refused_tries, "GPU-x.lock")
         assert not take.done()
         os.kill(holder.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        taken, contended = await asyncio.wait_for(take, 5)
-        assert contended and time.monotonic() - killed < 1.0
+        taken, contended = await asyncio.wait_for(take, 10)  # no lease to expire: the kill alone freed it
+        assert contended
         waiter.release(taken)
         assert "pod-dead" in lock.read_text() or lock.read_text() == ""
         assert probe(lock) == (False, None)
@@ -124,7 +159,9 @@ async def test_a_holder_killed_9_frees_the_gpu_at_once_and_its_stale_name_is_not
         holder.stdout.close()
 
 
-async def test_several_gpus_are_taken_in_uuid_order_not_index_order(tmp_path: Path) -> None:
+async def test_several_gpus_are_taken_in_uuid_order_not_index_order(
+    tmp_path: Path, refused_tries: dict[str, asyncio.Event]
+) -> None:
     """Index 0 is GPU-b and index 1 GPU-a for this lifeguard: it takes GPU-a first, and while it waits for GPU-a
     it holds nothing, so another lifeguard can still take GPU-b (index order would have it hold GPU-b while
     waiting: two pods each taking two GPUs could then deadlock)."""
@@ -132,8 +169,8 @@ async def test_several_gpus_are_taken_in_uuid_order_not_index_order(tmp_path: Pa
     both = lifeguard(tmp_path, "pod-2", "GPU-b", "GPU-a")
     on_b = lifeguard(tmp_path, "pod-3", "GPU-b")
     held_a, _ = await holder_a.take("one", "wake_up", (0,), deadline(1))
-    taking = asyncio.create_task(both.take("two", "wake_up", (0, 1), deadline(5)))
-    await asyncio.sleep(0.1)
+    taking = asyncio.create_task(both.take("two", "wake_up", (0, 1), deadline(30)))
+    await waiting_on(refused_tries, "GPU-a.lock")  # it waits for GPU-a
     held_b, contended = await on_b.take("three", "wake_up", (0,), deadline(0.5))
     assert not contended and not taking.done()
     on_b.release(held_b)
@@ -154,38 +191,62 @@ async def test_several_gpus_are_taken_in_uuid_order_not_index_order(tmp_path: Pa
 
 async def test_the_state_names_another_lifeguards_hold(tmp_path: Path) -> None:
     mine, theirs = lifeguard(tmp_path, "pod-a", "GPU-x"), lifeguard(tmp_path, "pod-b", "GPU-x")
+    before = time.time()
     held, _ = await theirs.take("b", "release_kv_cache_memory", (0,), deadline(1))
     shown = await mine.snapshot((0,))
+    held_at_most = time.time() - before
     assert shown["host"] == "pod-a" and shown["dir"] == str(tmp_path)
     gpu = shown["gpus"]["0"]
     assert gpu["held"] is True and gpu["held_here"] is False
     assert (gpu["holder"]["host"], gpu["holder"]["op"]) == ("pod-b", "release_kv_cache_memory")
-    assert gpu["holder"]["for_s"] >= 0
+    assert 0 <= gpu["holder"]["for_s"] <= round(held_at_most, 3) + 0.001  # since it was taken, on the holder's clock
     theirs.release(held)
 
 
-async def test_one_deadline_covers_this_proxys_lock_and_the_nodes(tmp_path: Path) -> None:
+async def test_one_deadline_covers_this_proxys_lock_and_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     waits: list[tuple[str, str, float]] = []
     node = lifeguard(tmp_path, "pod-a", "GPU-x")
     other = lifeguard(tmp_path, "pod-b", "GPU-x")
     locks = GpuLocks(0.5, node, on_wait=lambda engine, outcome, s: waits.append((engine, outcome, s)))
+    loop = asyncio.get_running_loop()
     async with locks.hold("a", "wake_up", (0,)):
         # Another engine of this proxy waits on this proxy's lock first...
         with pytest.raises(LifecycleBusy, match="stayed busy with other engines"):
             async with locks.hold("a2", "wake_up", (0,)):
                 pass
+    # ...then a wait on this proxy's lock and one on the node's share one deadline: the node's wait gets what is
+    # left of it, not a fresh 0.5 s.
+    node_take = node.take
+    given: list[tuple[float, float]] = []  # (the deadline node.take got, the loop's time when it was called)
+
+    async def watched_take(*args: object, **kwargs: object) -> object:
+        given.append((float(args[3]), loop.time()))  # type: ignore[arg-type]
+        return await node_take(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node, "take", watched_take)
     held, _ = await other.take("b", "wake_up", (0,), deadline(5))
-    t0 = time.monotonic()
-    with pytest.raises(LifecycleBusy, match="pod-b"):  # ...then on the node's, within the same 0.5 s
-        async with locks.hold("a", "wake_up", (0,)):
-            pass
-    assert time.monotonic() - t0 < 1.0
+    locks.node = None  # a takes this proxy's lock alone (pod-b holds the node's)
+    ours = locks.hold("a", "wake_up", (0,))
+    await ours.__aenter__()
+    locks.node = node
+    queued = asyncio.create_task(locks.hold("a2", "wake_up", (0,)).__aenter__())
+    await asyncio.sleep(0)  # one turn: a2 starts its hold (its deadline fixed) and waits for this proxy's lock
+    assert not queued.done()
+    await asyncio.sleep(0.05)  # a keeps this proxy's lock for 50 ms more of the loop's time while a2 waits
+    await ours.__aexit__(None, None, None)  # a lets go: a2 goes on to the node's lock, held by pod-b
+    with pytest.raises(LifecycleBusy, match="pod-b"):
+        await asyncio.wait_for(queued, 10)
+    ((a2_deadline, a2_node_at),) = given
+    assert a2_deadline <= a2_node_at + 0.5 - 0.05 + 0.002  # what the wait on this proxy's lock left (uvloop: ms)
+    assert loop.time() >= a2_deadline  # refused at that deadline, not before
     other.release(held)
     async with locks.hold("a", "collective_rpc", (0,)):
         assert probe(tmp_path / "GPU-x.lock")[0]
     assert not probe(tmp_path / "GPU-x.lock")[0]
     outcomes = [(engine, outcome) for engine, outcome, _ in waits]
-    assert outcomes == [("a", "free"), ("a2", "busy"), ("a", "busy"), ("a", "free")]
+    assert outcomes == [("a", "free"), ("a2", "busy"), ("a", "free"), ("a2", "busy"), ("a", "free")]
 
 
 async def test_a_gpu_whose_uuid_is_not_known_yet_is_refused_503_and_learnt_once_the_probe_names_it(

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -241,7 +240,7 @@ def test_each_engine_has_its_own_series_and_the_proxy_its_own(registry: Collecto
             assert all(labels.get("engine") in ENGINES for labels in labelled), metric.name
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make test-observability)")
+@pytest.mark.prometheus  # make test-observability installs promtool and runs it
 def test_exposition_passes_promtool_check_metrics(metrics: EngineMetrics, registry: CollectorRegistry):
     metrics.state_changed("STARTING", "RUNNING")
     metrics.gpu_memory("0", 1, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -139,23 +140,23 @@ async def test_is_paused_disagreeing_fails_even_when_is_sleeping_agrees() -> Non
 
 
 async def test_an_unreachable_engine_fails_health_at_once() -> None:
-    v, client, _ = verifier(FakeClient([Observation(reachable=False, error="connection refused")]), verify_timeout_s=5)
-    started = time.monotonic()
+    v, client, _ = verifier(FakeClient([Observation(reachable=False, error="connection refused")]), verify_timeout_s=60)
 
-    verdict = await v.verify(Expectation(sleeping=True), memory_before=None)
+    async with asyncio.timeout(10):  # polling until verify_timeout_s would run past this
+        verdict = await v.verify(Expectation(sleeping=True), memory_before=None)
 
-    assert time.monotonic() - started < 1.0 and client.observed == 1
+    assert client.observed == 1
     assert results(verdict) == {"health": "fail"}
     assert verdict.failed is not None and verdict.failed.detail == "engine unreachable: connection refused"
 
 
 async def test_health_503_fails_at_once_because_vllm_never_recovers_from_engine_death() -> None:
-    v, client, _ = verifier(FakeClient([Observation(reachable=True, healthy=False)]), verify_timeout_s=5)
-    started = time.monotonic()
+    v, client, _ = verifier(FakeClient([Observation(reachable=True, healthy=False)]), verify_timeout_s=60)
 
-    verdict = await v.verify(Expectation(sleeping=True), memory_before=None)
+    async with asyncio.timeout(10):  # polling until verify_timeout_s would run past this
+        verdict = await v.verify(Expectation(sleeping=True), memory_before=None)
 
-    assert time.monotonic() - started < 1.0 and client.observed == 1
+    assert client.observed == 1
     assert verdict.failed is not None and verdict.failed.detail == "/health is not 200"
 
 

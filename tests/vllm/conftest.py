@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from lifeguard_testing import missing
 from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
@@ -32,6 +33,19 @@ STREAM_READ_BUFSIZE = 64 * 2**20  # the session fixture's read buffer (see there
 vllm_server_mod = load_file_module("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
 VllmServer = vllm_server_mod.VllmServer
 free_port = vllm_server_mod.free_port
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's timeout covers the test alone, not its fixtures: the session's vLLM starts in the first test's
+    set-up (up to 240 s, VllmServer.start's own deadline) and a dead one is restarted in a reset, and a test's
+    timeout must not cut those short and hide which deadline it was. Every fixture here has its own deadline."""
+    for item in items:  # this hook sees the whole session's items
+        marker = item.get_closest_marker("timeout")
+        if HERE in item.path.parents and marker is not None:
+            item.add_marker(pytest.mark.timeout(*marker.args, **{**marker.kwargs, "func_only": True}), append=False)
 
 
 # ---------------------------------------------------------------- sync HTTP helpers (fixtures)
@@ -61,7 +75,7 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) ->
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[Any]:
     if not os.environ.get("LIFEGUARD_VLLM_PYTHON") or not os.environ.get("LIFEGUARD_VLLM_MODEL"):
-        pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
+        missing("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
     log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     # --enable-scale-out: test_vllm_clients.py drives SkyRL's generate (/inference/v1/generate).

@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from lifeguard_testing import missing
 from vllm_e2e import MODEL, engine_never_saw_it, lg_state, load_file_module, vllm_flags, wait_held, wait_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def installed_site() -> Path:
     """Session-scoped so that, without the packages, the tests skip before the shared vLLM starts."""
     path = os.environ.get(stand_ins.SITE_ENV, "")
     if not path or not Path(path).is_dir():
-        pytest.skip(
+        missing(
             f"{stand_ins.SITE_ENV}={path!r} is not a directory: the trainers' client packages are not installed "
             "(scripts/test-vllm.sh installs them with scripts/clients-site.sh)"
         )

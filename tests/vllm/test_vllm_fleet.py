@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import REPO, reset_vllm
+from lifeguard_testing import missing
 from vllm_e2e import load_file_module, metrics, sleep_ops
 
 fleet_mod = load_file_module("lifeguard_fleet", REPO / "tests/fleet/fleet.py")
@@ -37,7 +38,7 @@ LIFEGUARD_ENV = {
 async def fleet(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Any]:
     router = os.environ.get("LIFEGUARD_ROUTER_BIN")
     if not router:
-        pytest.skip("LIFEGUARD_ROUTER_BIN unset: scripts/test-vllm.sh installs vllm-router")
+        missing("LIFEGUARD_ROUTER_BIN unset: scripts/test-vllm.sh installs vllm-router")
     reset_vllm(vllm_server)
     workdir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tmp_path) / "fleet"
     workdir.mkdir(parents=True, exist_ok=True)

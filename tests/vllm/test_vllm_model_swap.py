@@ -36,6 +36,7 @@ import aiohttp
 import pytest
 import yaml
 from conftest import Proxy, free_port, reset_vllm, vllm_server_mod
+from lifeguard_testing import missing
 from vllm_e2e import get_json, metric, metrics, parse_metrics, post, sleep_ops
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
@@ -49,7 +50,7 @@ def engines(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """{"policy": the session's vLLM, "judge": a second vLLM}, both awake and idle. The judge is spawned
     before the session's vLLM is asked for, so the two start side by side when neither runs yet."""
     if not os.environ.get("LIFEGUARD_VLLM_PYTHON") or not os.environ.get("LIFEGUARD_VLLM_MODEL"):
-        pytest.skip("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
+        missing("LIFEGUARD_VLLM_PYTHON/LIFEGUARD_VLLM_MODEL unset: run `make test-vllm`")
     log_dir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tempfile.mkdtemp(prefix="lifeguard-vllm-"))
     judge = vllm_server_mod.VllmServer(log_path=log_dir / "vllm-judge.log", served_model_name=JUDGE_MODEL)
     judge.spawn()

@@ -83,7 +83,10 @@ async def test_mode_request_lifecycle(
 ) -> None:
     base = resumed.url
     stream = StreamReader()
-    stream_task = asyncio.ensure_future(stream.run(session, base + "/v1/completions", long_stream_body()))
+    # The whole stream, paused or not, inside the test's 480 s (the session's 150 s would end it before the 300 s
+    # wait below for the rest of it, and name the wrong deadline).
+    whole_stream = aiohttp.ClientTimeout(total=420, sock_connect=30)
+    stream_task = asyncio.ensure_future(stream.run(session, base + "/v1/completions", long_stream_body(), whole_stream))
     new_task: asyncio.Future[Any] | None = None
     try:
         await under_way(session, vllm_server.url, stream)

@@ -62,8 +62,15 @@ async def _idle(s: aiohttp.ClientSession, vllm: str) -> None:
 
 
 async def _reset_succeeds(s: aiohttp.ClientSession, vllm: str) -> None:
-    status, body, _ = await post(s, vllm + "/reset_prefix_cache")
-    assert (status, body) == (200, {"success": True})
+    """Empty vLLM's prefix cache, directly. A request ended a moment ago (the last test's, a stream cancelled) can hold
+    its blocks until the engine's next step frees them, and the reset says `success: false` meanwhile: asked again,
+    as vLLM's docstring says callers may, until it succeeds (30 s)."""
+
+    async def reset() -> tuple[int, Any]:
+        status, body, _ = await post(s, vllm + "/reset_prefix_cache")
+        return status, body
+
+    await wait_until(reset, lambda answer: answer == (200, {"success": True}), 30, "a prefix-cache reset to succeed")
 
 
 @contextlib.asynccontextmanager

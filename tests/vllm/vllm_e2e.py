@@ -255,9 +255,12 @@ class StreamReader:
         shown = ", ".join(f"{k} +{v - t0:.3f} s" for k, v in marks.items() if v is not None)
         return f"{shown or 'nothing received'}; {len(self.chunks)} chunks, finish {self.finish_reason}"
 
-    async def run(self, s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> StreamReader:
+    async def run(
+        self, s: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout: aiohttp.ClientTimeout | None = None
+    ) -> StreamReader:
+        """Read the stream to its end; `timeout`: the request's own deadline, where the session's is too short."""
         self.sent_at = time.monotonic()
-        async with s.post(url, json=body) as r:
+        async with s.post(url, json=body, timeout=timeout or s.timeout) as r:
             self.headers_at = time.monotonic()
             self.status = r.status
             if r.status != 200:
