@@ -363,8 +363,10 @@ FAULT_OPS: dict[str, tuple[str, ...]] = {
     "hang": GENERAL_OPS,
     "lie-asleep": ("sleep", "wake_up", "pause", "resume"),
     "lie-memory": ("sleep", "wake_up"),
-    # a wake that restores other weights, a reload of a changed checkpoint file: caught by the weights' checksums
-    "lie-weights": ("wake_up", "collective_rpc"),
+    # a wake that restores other weights: caught by the weights' checksums. Not on collective_rpc: the trainers'
+    # reloads are rare, an armed fault that does not fire is tried again at once, and it starved the other kinds
+    # (seed 42: lie-dead never armed in the bounded run).
+    "lie-weights": ("wake_up",),
     "lie-dead": GENERAL_OPS,
     "garbage": GENERAL_OPS,
     "slow": GENERAL_OPS,
