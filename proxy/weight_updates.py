@@ -19,6 +19,7 @@ sent. A reload of the checkpoint, and a finished session, are checked by the wei
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import NoReturn
 
 from .calls import LifecycleCall
@@ -32,6 +33,8 @@ from .states import State
 from .upstream import Reply
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
+
+log = logging.getLogger("lifeguard.lifecycle")
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
 _NO_SESSION_MESSAGES = (
@@ -105,14 +108,24 @@ class WeightUpdates:
     async def _update(self, call: LifecycleCall) -> Reply:
         if self._record.weight_update_active:  # a session opened while this call waited its turn
             return await self.in_session(call, locked=True)
-        prev = self._record.state  # no session open: this call is a session of its own
+        prev = self._record.state  # no session the proxy opened
         self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, "/update_weights", hint=prev)
-        finally:
+        except BaseException:
             if self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
-        self._record.single_update_written()
+            raise
+        # vLLM writes weights only inside a session (0.32 gpu_worker.py: "start_weight_update must be called before
+        # update_weights"), so its 200 says it holds one the proxy did not open: a proxy killed mid-session left it
+        # (chaos seed 42, docs/reliability.md). Adopted as open: what it writes counts at its finish, not now, and
+        # weights a level-2 sleep discarded stay held until then.
+        log.warning(
+            "vLLM accepted /update_weights outside any session the proxy opened: it holds one; adopted, held until "
+            "/finish_weight_update",
+            extra={"event": "weight_update_session_adopted"},
+        )
+        self._record.session_opened(return_to=prev)
         return reply
 
     async def _finish(self, call: LifecycleCall) -> Reply:
