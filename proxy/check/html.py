@@ -32,7 +32,7 @@ def to_html(doc: dict[str, Any]) -> str:
 def _gpu(doc: dict[str, Any]) -> str:
     for target in doc["targets"].values():
         if target["gpu"].get("available"):
-            return f"GPU: {target['nvml'].get('total_bytes', 0) / (1 << 30):.0f} GiB readable"
+            return f"GPU: {target['gpu'].get('total_bytes', 0) / (1 << 30):.0f} GiB readable"
     reasons = [str(t["gpu"].get("reason")) for t in doc["targets"].values() if t["gpu"].get("reason")]
     return "no GPU seen" + (f" ({reasons[0]})" if reasons else "")
 
