@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("url", nargs="?", help="a vLLM or a lifeguard (its upstream, when reachable, becomes the direct column)")
     add("--direct", metavar="URL", help="vLLM itself")
     add("--through", metavar="URL", help="the lifeguard in front of it")
+    add("--no-direct", action="store_true", help="through the lifeguard only, even when its vLLM is reachable")
     add("--lifecycle", action="store_true", help="run the matrix: DISRUPTIVE (sleeps, wakes, pauses the engine)")
     add("--force", action="store_true", help="run --lifecycle even on an engine that is not idle")
     add("--row", action="append", dest="rows", metavar="ID", help="run only this row (repeatable)")

@@ -62,10 +62,13 @@ class Reply:
 class Http:
     """One base URL (a vLLM or a lifeguard); ``token`` goes in the lifeguard's admin header when set."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, token: str | None = None, timeout: float = CALL_TIMEOUT_S
+    ) -> None:
         self.session = session
         self.base = base_url.rstrip("/")
         self.token = token
+        self.timeout = timeout  # the deadline of a call that does not name its own
 
     async def call(
         self,
@@ -74,9 +77,10 @@ class Http:
         *,
         params: list[tuple[str, str]] | dict[str, str] | None = None,
         json_body: Any = None,
-        timeout: float = CALL_TIMEOUT_S,
+        timeout: float | None = None,
         token: bool = True,
     ) -> Reply:
+        timeout = self.timeout if timeout is None else timeout
         shown = path + ("?" + urlencode(params) if params else "")
         headers = {TOKEN_HEADER: self.token} if self.token and token else {}
         started = time.monotonic()
@@ -95,10 +99,10 @@ class Http:
             reason = type(exc).__name__ if not str(exc) else str(exc)
             return Reply(method, shown, None, seconds=_since(started), failure=f"connection lost: {reason}")
 
-    async def get(self, path: str, *, timeout: float = CALL_TIMEOUT_S, token: bool = True) -> Reply:
+    async def get(self, path: str, *, timeout: float | None = None, token: bool = True) -> Reply:
         return await self.call("GET", path, timeout=timeout, token=token)
 
-    async def post(self, path: str, timeout: float = CALL_TIMEOUT_S, **params: str) -> Reply:
+    async def post(self, path: str, timeout: float | None = None, **params: str) -> Reply:
         return await self.call("POST", path, params=params or None, timeout=timeout)
 
 

@@ -33,6 +33,8 @@ class Column:
     lora_adapters: list[str] = field(default_factory=list)
     golden: str | None = None
     steps: list[Reply] = field(default_factory=list)
+    pending_window_s: float = PENDING_WINDOW_S
+    restore_deadline_s: float = WAIT_DEADLINE_S
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Reply:
         reply = await self.http.call(method, path, **kwargs)
@@ -76,18 +78,16 @@ class Column:
             "health": health.status if health.status is not None else health.failure,
         }
         if self.lifeguard:
-            body = (await self.http.get("/lifeguard/state", timeout=10)).body
-            if isinstance(body, dict):
-                state["lifeguard"] = body.get("state")
-                state["held_requests"] = body.get("held_requests")
+            body = await self.lifeguard_state()
+            state["lifeguard"] = body.get("state")
+            state["held_requests"] = body.get("held_requests")
         return state
 
     async def held(self) -> int:
         """Requests the lifeguard holds now (0 for vLLM itself, which holds nothing it tells about)."""
         if not self.lifeguard:
             return 0
-        body = (await self.http.get("/lifeguard/state", timeout=10)).body
-        return int(body.get("held_requests") or 0) if isinstance(body, dict) else 0
+        return int((await self.lifeguard_state()).get("held_requests") or 0)
 
     async def answer_text(self, model: str | None = None) -> str | None:
         reply = await self.completion(model=model)
@@ -95,31 +95,46 @@ class Column:
 
     async def restore(self) -> str | None:
         """Back to awake, unpaused, idle and answering the golden canary; None when it is, else why not."""
+        if why := await self.lost():
+            return why
         # Only what is needed: a wake or resume the engine does not need is a call a lie may answer (a fault
         # armed for the next wake is the row's to meet, not this restore's).
         if (await self.flags())["is_sleeping"]:
             await self.wake()
         if (await self.flags())["is_paused"]:
             await self.post("/resume")
-        if self.lifeguard and (await self.http.get("/lifeguard/state", timeout=10)).body.get("weights_stale"):
+        if self.lifeguard and (await self.lifeguard_state()).get("weights_stale"):
             await self.rpc("reload_weights")  # the lifeguard holds inference until the weights are loaded again
         if self.golden is not None and await self.answer_text() != self.golden:
             # A level-2 sleep discarded the weights, or a row wrote new ones: load the checkpoint again, as a
             # trainer would, and drop the prefix cache, whose blocks the other weights computed (class 21).
             await self.rpc("reload_weights")
             await self.post("/reset_prefix_cache")
-        deadline = time.monotonic() + WAIT_DEADLINE_S
+        deadline = time.monotonic() + self.restore_deadline_s
         while True:
             state = await self.flags()
             why = await busy(self.http, "lifeguard" if self.lifeguard else "vllm")
             if not state["is_sleeping"] and not state["is_paused"] and state["health"] == 200 and why is None:
                 break
-            if time.monotonic() > deadline:
-                return f"the engine did not come back within {WAIT_DEADLINE_S:g} s: {why or state}"
+            if (lost := await self.lost()) or time.monotonic() > deadline:
+                return lost or f"the engine did not come back within {self.restore_deadline_s:g} s: {why or state}"
             await asyncio.sleep(0.1)  # polling the engine's flags, with the deadline above
         if self.golden is not None and (now := await self.answer_text()) != self.golden:
             return f"the engine answers the canary {now!r}, not {self.golden!r} as before"
         return None
+
+    async def lost(self) -> str | None:
+        """Why the engine cannot be brought back by the check (dead, or failed in the lifeguard), or None."""
+        health = await self.http.get("/health", timeout=10)
+        if health.status is None or health.status >= 500:
+            return f"the engine is gone (/health: {health.summary()[:80]})"
+        if self.lifeguard and (state := await self.lifeguard_state()).get("state") == "FAILED":
+            return f"the lifeguard failed the engine ({state.get('failure')}): it needs an operator"
+        return None
+
+    async def lifeguard_state(self) -> dict[str, Any]:
+        body = (await self.http.get("/lifeguard/state", timeout=10)).body
+        return body if isinstance(body, dict) else {}
 
 
 def completion_text(reply: Reply) -> str | None:

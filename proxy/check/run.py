@@ -11,10 +11,11 @@ from typing import Any
 import aiohttp
 
 from ..gpu import GpuMemoryReader, make_reader
-from .client import Http
-from .engine import WAIT_DEADLINE_S, Column
+from .client import CALL_TIMEOUT_S, Http
+from .engine import PENDING_WINDOW_S, WAIT_DEADLINE_S, Column
 from .scenarios import GREEN, RED, SKIP, Finding, Row, select
 from .target import CheckError, Target, inspect
+from .target import adapters as listed_adapters
 
 #: A row that has not finished by then is a hang: every wait inside it has a shorter deadline.
 ROW_DEADLINE_S = 150.0
@@ -32,6 +33,9 @@ class Options:
     token: str | None = None
     gpu_probe: str = "nvml"
     lora: list[tuple[str, str]] = field(default_factory=list)  # (name, path) to load before the rows
+    direct_column: bool = True  # False: through the lifeguard only, even when its upstream is reachable
+    pending_window_s: float = PENDING_WINDOW_S
+    call_timeout_s: float = CALL_TIMEOUT_S  # the deadline of one lifecycle call
 
 
 @dataclass
@@ -100,10 +104,14 @@ async def check(options: Options) -> Report:
         report = Report("lifecycle" if options.lifecycle else "read-only", targets, deployment, [], started)
         if options.lifecycle:
             _refuse_unfit(targets, options.force)
-            columns = [await _column(session, name, target, options, gpu) for name, target in targets.items()]
+            # Through the lifeguard first, while its view of the engine is its own; vLLM's own column then goes
+            # behind its back (it adopts what it sees as drift), and the lifeguard is settled again at the end.
+            columns = {name: await _column(session, name, target, options, gpu) for name, target in targets.items()}
             report.results = [Result(row, {}) for row in rows]
-            for column in columns:
-                await _run_column(column, report.results)
+            for name in sorted(columns, reverse=True):
+                await _run_column(columns[name], report.results, options.lora)
+            if "through" in columns and "direct" in columns:
+                report.deployment.append(await _settled(columns["through"]))
     report.seconds = time.time() - started
     return report
 
@@ -121,7 +129,7 @@ async def _targets(session: aiohttp.ClientSession, options: Options) -> dict[str
             targets.setdefault("direct", target)
         else:
             targets["through"] = target
-            if "direct" not in targets and target.upstream and target.upstream_reachable:
+            if options.direct_column and "direct" not in targets and target.upstream and target.upstream_reachable:
                 targets["direct"] = await inspect(Http(session, target.upstream), gpu_probe="none")
     if not targets:
         raise CheckError("no URL to check: give one (vLLM or a lifeguard), or --direct URL and --through URL.")
@@ -217,12 +225,30 @@ def _refuse_unfit(targets: dict[str, Target], force: bool) -> None:
 async def _column(
     session: aiohttp.ClientSession, name: str, target: Target, options: Options, gpu: GpuMemoryReader
 ) -> Column:
-    http = Http(session, target.url, options.token if target.kind == "lifeguard" else None)
-    return Column(name, http, target.kind == "lifeguard", target.model, gpu, list(target.lora_adapters))
+    http = Http(session, target.url, options.token if target.kind == "lifeguard" else None, options.call_timeout_s)
+    column = Column(name, http, target.kind == "lifeguard", target.model, gpu, list(target.lora_adapters))
+    column.pending_window_s = options.pending_window_s
+    return column
 
 
-async def _run_column(column: Column, results: list[Result]) -> None:
+async def _load_adapters(column: Column, adapters: list[tuple[str, str]]) -> str | None:
+    """Load the adapters ``--lora`` names that the engine does not list yet; why not, when one fails."""
+    column.lora_adapters = await listed_adapters(column.http)  # the other column may have loaded them
+    for name, path in adapters:
+        if name in column.lora_adapters:
+            continue
+        body = {"lora_name": name, "lora_path": path}
+        reply = await column.http.call("POST", "/v1/load_lora_adapter", json_body=body)
+        if reply.status != 200:
+            return f"the LoRA adapter {name} could not be loaded: {reply.summary()[:120]}"
+        column.lora_adapters.append(name)
+    return None
+
+
+async def _run_column(column: Column, results: list[Result], adapters: list[tuple[str, str]]) -> None:
     lost = await column.restore()  # after the other column's rows, the engine as a client finds it
+    if lost is None:
+        lost = await _load_adapters(column, adapters)
     if lost is None:
         column.golden = await column.answer_text()
         lost = None if column.golden else "the engine answers no completion before the first row"
@@ -233,7 +259,7 @@ async def _run_column(column: Column, results: list[Result]) -> None:
             continue
         column.steps = []
         started = time.monotonic()
-        finding = await _run_row(row, column)
+        finding = _no_answer_is_red(await _run_row(row, column), column)
         steps = [reply.evidence() for reply in column.steps]
         state_after = await column.flags()
         result.cells[column.name] = Cell(finding.verdict, finding.why, time.monotonic() - started, steps, state_after)
@@ -241,6 +267,34 @@ async def _run_column(column: Column, results: list[Result]) -> None:
         problem = await column.restore()
         if problem is not None:
             lost = f"after {row.id}, {problem}"
+
+
+def _no_answer_is_red(finding: Finding, column: Column) -> Finding:
+    """A call that got no answer, or lost its connection, misled its client whatever the row concluded: it would
+    hang, or see a crash."""
+    unanswered = [reply for reply in column.steps if reply.status is None]
+    if not unanswered or finding.verdict == RED:
+        return finding
+    first = unanswered[0]
+    return Finding(RED, f"{first.method} {first.path}: {first.failure}")
+
+
+async def _settled(column: Column) -> dict[str, str]:
+    """The lifeguard after vLLM's own column went behind its back: back to RUNNING, or why not."""
+    problem = await column.restore()
+    if problem is None:
+        return {
+            "column": "through",
+            "id": "left-as-found",
+            "verdict": GREEN,
+            "why": "after both columns the lifeguard is RUNNING and the engine answers as before",
+        }
+    return {
+        "column": "through",
+        "id": "left-as-found",
+        "verdict": RED,
+        "why": f"after vLLM's own column, made behind the lifeguard's back, {problem}",
+    }
 
 
 async def _run_row(row: Row, column: Column) -> Finding:

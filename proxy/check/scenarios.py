@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .client import Reply
-from .engine import PENDING_WINDOW_S, WAIT_DEADLINE_S, Column, completion_text, eventually
+from .engine import WAIT_DEADLINE_S, Column, completion_text, eventually
 from .target import metric_sum
 
 GREEN, RED, SKIP = "green", "red", "skip"
@@ -93,7 +93,7 @@ async def level2_without_reload(col: Column) -> Finding:
     if woke.status != 200:
         return green(f"the wake answered {woke.summary()}")
     pending = col.later(col.completion())
-    done, _ = await asyncio.wait({pending}, timeout=PENDING_WINDOW_S)
+    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
     if done:
         answer = completion_text(pending.result())
         if answer == col.golden:
@@ -107,7 +107,7 @@ async def level2_without_reload(col: Column) -> Finding:
     answer = completion_text(await pending)
     if held and answer == col.golden:
         return green("the request was held until reload_weights, then answered as before the sleep")
-    return red(f"a request after the wake waited {PENDING_WINDOW_S:g} s with nothing holding it; then {answer!r}")
+    return red(f"a request after the wake waited {col.pending_window_s:g} s with nothing holding it; then {answer!r}")
 
 
 async def repeated_sleep(col: Column) -> Finding:
@@ -132,7 +132,7 @@ async def repeated_sleep(col: Column) -> Finding:
 async def request_during_sleep(col: Column) -> Finding:
     await col.sleep(1)
     pending = col.later(col.completion())
-    done, _ = await asyncio.wait({pending}, timeout=PENDING_WINDOW_S)
+    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
     held = await col.held() if not done else 0
     await col.wake()
     reply = await pending
@@ -141,7 +141,7 @@ async def request_during_sleep(col: Column) -> Finding:
     if held:
         return green(f"held by the lifeguard ({held} held, with its hold deadline) and answered after the wake")
     return red(
-        f"no answer for {PENDING_WINDOW_S:g} s while asleep and nothing said it was held: vLLM queues it with "
+        f"no answer for {col.pending_window_s:g} s while asleep and nothing said it was held: vLLM queues it with "
         "no deadline of its own, for as long as the sleep lasts"
     )
 
@@ -171,7 +171,7 @@ async def partial_wake_then_forward(col: Column) -> Finding:
     await col.sleep(1)
     woke = await col.wake("weights")
     pending = col.later(col.completion())
-    done, _ = await asyncio.wait({pending}, timeout=PENDING_WINDOW_S)
+    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
     held = await col.held() if not done else 0
     await col.wake("kv_cache")
     reply = await pending
@@ -181,7 +181,7 @@ async def partial_wake_then_forward(col: Column) -> Finding:
         return green("the weights-only wake kept the engine SLEEPING; the request was held, then answered")
     return red(
         f"the weights-only wake answered {woke.status}; a request then got no answer for "
-        f"{PENDING_WINDOW_S:g} s, with nothing saying it is held"
+        f"{col.pending_window_s:g} s, with nothing saying it is held"
     )
 
 
@@ -367,7 +367,7 @@ async def _until_waiting(col: Column, task: asyncio.Task[Reply]) -> None:
     async def seen() -> bool:
         return task.done() or await col.held() > 0 or await _waiting(col) > 0
 
-    await eventually(seen, timeout=PENDING_WINDOW_S)
+    await eventually(seen, timeout=col.pending_window_s)
 
 
 async def _waiting(col: Column) -> float:

@@ -69,7 +69,7 @@ async def inspect(http: Http, *, gpu_probe: str = "nvml") -> Target:
         model=await _model(http),
         dev_mode=sleeping.status == 200,
         sleep_mode=await _sleep_mode(http),
-        lora_adapters=await _adapters(http),
+        lora_adapters=await adapters(http),
         routes=await _routes(http),
         gpu=await _gpu(gpu_probe),
     )
@@ -138,7 +138,7 @@ async def _model(http: Http) -> str:
     raise CheckError(f"{http.base} serves no model: GET /v1/models answered {models.summary()[:80]!r}.")
 
 
-async def _adapters(http: Http) -> list[str]:
+async def adapters(http: Http) -> list[str]:
     models = await http.get("/v1/models", timeout=READ_TIMEOUT_S)
     return [str(entry.get("id")) for entry in _model_entries(models) if entry.get("parent")]
 
