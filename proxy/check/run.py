@@ -231,7 +231,7 @@ async def _column(
     return column
 
 
-async def _load_adapters(column: Column, adapters: list[tuple[str, str]]) -> str | None:
+async def load_adapters(column: Column, adapters: list[tuple[str, str]]) -> str | None:
     """Load the adapters ``--lora`` names that the engine does not list yet; why not, when one fails."""
     column.lora_adapters = await listed_adapters(column.http)  # the other column may have loaded them
     for name, path in adapters:
@@ -248,7 +248,7 @@ async def _load_adapters(column: Column, adapters: list[tuple[str, str]]) -> str
 async def _run_column(column: Column, results: list[Result], adapters: list[tuple[str, str]]) -> None:
     lost = await column.restore()  # after the other column's rows, the engine as a client finds it
     if lost is None:
-        lost = await _load_adapters(column, adapters)
+        lost = await load_adapters(column, adapters)
     if lost is None:
         column.golden = await column.answer_text()
         lost = None if column.golden else "the engine answers no completion before the first row"
@@ -259,7 +259,7 @@ async def _run_column(column: Column, results: list[Result], adapters: list[tupl
             continue
         column.steps = []
         started = time.monotonic()
-        finding = _no_answer_is_red(await _run_row(row, column), column)
+        finding = await run_row(row, column)
         steps = [reply.evidence() for reply in column.steps]
         state_after = await column.flags()
         result.cells[column.name] = Cell(finding.verdict, finding.why, time.monotonic() - started, steps, state_after)
@@ -295,6 +295,11 @@ async def _settled(column: Column) -> dict[str, str]:
         "verdict": RED,
         "why": f"after vLLM's own column, made behind the lifeguard's back, {problem}",
     }
+
+
+async def run_row(row: Row, column: Column) -> Finding:
+    """One row against one column, as the command runs it (tests/conformance runs the rows through this too)."""
+    return _no_answer_is_red(await _run_row(row, column), column)
 
 
 async def _run_row(row: Row, column: Column) -> Finding:
