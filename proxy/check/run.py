@@ -158,7 +158,8 @@ def findings(column: str, target: Target) -> list[dict[str, str]]:
     )
     sleep_mode = {
         True: (GREEN, "--enable-sleep-mode is on"),
-        False: (RED, "--enable-sleep-mode is off: a /sleep answers 200 and frees nothing (class 1)"),
+        # Not red here: what it costs (a /sleep that frees nothing, class 1) is the physical row's to show.
+        False: (INFO, "--enable-sleep-mode is off: a /sleep answers 200 and frees nothing (class 1)"),
         None: (INFO, "/server_info does not say whether sleep mode is on"),
     }[target.sleep_mode]
     add("sleep-mode", *sleep_mode)

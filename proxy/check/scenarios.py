@@ -291,7 +291,7 @@ async def weight_update_while_asleep(col: Column) -> Finding:
             "/start_weight_update answered 200 while the weights sleep: an update then writes into memory "
             "that is not mapped (vLLM #57853: it never returns, the engine core dies)"
         )
-    return green(f"refused while asleep: {started.summary()[:100]}")
+    return green(f"refused: {started.summary()[:100]}")
 
 
 # ---------------------------------------------------------------- the prefix cache after a weight change

@@ -149,8 +149,12 @@ def _model_entries(reply: Reply) -> list[dict[str, Any]]:
 
 
 async def _sleep_mode(http: Http) -> bool | None:
-    info = await http.get("/server_info", timeout=READ_TIMEOUT_S)
+    """vLLM's ``enable_sleep_mode``: from /server_info's JSON config (vLLM), else its text form."""
+    info = await http.get("/server_info?config_format=json", timeout=READ_TIMEOUT_S)
     config = info.body.get("vllm_config") if isinstance(info.body, dict) else None
+    if isinstance(config, dict) and isinstance(config.get("model_config"), dict):
+        enabled = config["model_config"].get("enable_sleep_mode")
+        return enabled if isinstance(enabled, bool) else None
     match = re.search(r"enable_sleep_mode=(True|False)", str(config))
     return None if match is None else match.group(1) == "True"
 
