@@ -152,9 +152,12 @@ async def _sleep_mode(http: Http) -> bool | None:
     """vLLM's ``enable_sleep_mode``: from /server_info's JSON config (vLLM), else its text form."""
     info = await http.get("/server_info?config_format=json", timeout=READ_TIMEOUT_S)
     config = info.body.get("vllm_config") if isinstance(info.body, dict) else None
-    if isinstance(config, dict) and isinstance(config.get("model_config"), dict):
-        enabled = config["model_config"].get("enable_sleep_mode")
-        return enabled if isinstance(enabled, bool) else None
+    if isinstance(config, dict):  # vLLM 0.32 keeps it in model_config (the simulator in cache_config)
+        for section in ("model_config", "cache_config"):
+            enabled = (config.get(section) or {}).get("enable_sleep_mode")
+            if isinstance(enabled, bool):
+                return enabled
+        return None
     match = re.search(r"enable_sleep_mode=(True|False)", str(config))
     return None if match is None else match.group(1) == "True"
 

@@ -158,6 +158,8 @@ async def test_read_only_changes_nothing_on_vllm(bare_sim: Any, tmp_path: Path) 
     before = lifecycle_counters(sim_of(server))
     report = await check(Options(url=url_of(server)))
     assert report.mode == "read-only" and report.results == []
+    target = report.targets["direct"]
+    assert (target.kind, target.profile, target.dev_mode, target.sleep_mode) == ("vllm", "0.32", True, True)
     assert lifecycle_counters(sim_of(server)) == before
     validate(report)
 
