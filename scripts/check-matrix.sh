@@ -16,6 +16,10 @@ log() { echo "[check-matrix $(date +%T)] $*" >&2; }
 
 setup_env=$(bash scripts/vllm/setup-vllm.sh) || { log "setup-vllm.sh failed"; exit 2; }
 eval "$setup_env"
+# A private copy of the tiny model: tests/vllm/test_vllm_prefix_cache.py rewrites the shared one's weights while it
+# runs, and the matrix reloads the weights from disk.
+cp -r "$LIFEGUARD_VLLM_MODEL" "$LOGS/tiny-llama"
+LIFEGUARD_VLLM_MODEL=$LOGS/tiny-llama
 export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
 
 free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
