@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from .html import to_html
+from .matrix import ROWS
 from .report import document, to_json, to_markdown, to_terminal
 from .run import Options, check
-from .scenarios import ROWS
 from .target import CheckError
 
 EXIT_UNCHECKED = 2

@@ -1,5 +1,5 @@
 """The check as a whole: what is at the URLs, the read-only findings, and (with ``lifecycle``) every row in each
-column, vLLM itself first, then through the lifeguard, the engine restored between rows."""
+column, through the lifeguard first, then vLLM itself, the engine restored between rows."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import aiohttp
 from ..gpu import GpuMemoryReader, make_reader
 from .client import CALL_TIMEOUT_S, Http
 from .engine import PENDING_WINDOW_S, WAIT_DEADLINE_S, Column
-from .scenarios import GREEN, RED, SKIP, Finding, Row, select
+from .matrix import Row, select
+from .scenarios import GREEN, RED, SKIP, Finding
 from .target import CheckError, Target, inspect
 from .target import adapters as listed_adapters
 

@@ -13,8 +13,9 @@ from conformance.api import VllmApi
 from conformance.conftest import MODEL, REAL_ENGINE_URL
 from proxy.check.client import Http
 from proxy.check.engine import Column
+from proxy.check.matrix import ROWS, Row
 from proxy.check.run import load_adapters, run_row
-from proxy.check.scenarios import RED, ROWS, SKIP, Row
+from proxy.check.scenarios import RED, SKIP
 from proxy.gpu import NoGpuReader
 
 GREEN = "green"
