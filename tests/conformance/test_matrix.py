@@ -1,4 +1,4 @@
-"""The rows of `vllm-lifeguard check --lifecycle` (proxy/check/scenarios.py), each run against the engine itself as the
+"""The rows of `vllm-lifeguard check --lifecycle` (proxy/check/matrix.py), each run against the engine itself as the
 command runs them: what vLLM does with each hazard. One library for both: a row added to the command runs here too,
 and fails until this file says what vLLM does with it."""
 
