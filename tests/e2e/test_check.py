@@ -227,6 +227,11 @@ async def test_a_lifeguard_without_its_token_explains_the_401(
     doc = json.loads(out)
     jsonschema.validate(doc, schema())
     assert doc["targets"]["through"]["token_enforced"] is True
+    # The lifecycle calls carry the token too (a refused one would be a 401, not the unknown tag's 400).
+    argv = [url_of(stack.client.server), "--token", "s3cret", "--lifecycle", "--row", "wake-unknown-tag", "--json"]
+    code, out, _ = await run_cli(capsys, *argv)
+    (row,) = json.loads(out)["rows"]
+    assert code == 0 and row["cells"]["through"]["steps"][1]["status"] == 400, row["cells"]["through"]
 
 
 async def test_lifecycle_on_a_busy_engine_is_refused_unless_forced(
