@@ -12,7 +12,7 @@ import aiohttp
 
 from ..gpu import GpuMemoryReader, make_reader
 from .client import CALL_TIMEOUT_S, Http
-from .engine import PENDING_WINDOW_S, WAIT_DEADLINE_S, Column
+from .engine import PENDING_WINDOW_S, Column
 from .matrix import Row, select
 from .scenarios import GREEN, RED, SKIP, Finding
 from .target import CheckError, Target, inspect
@@ -312,6 +312,3 @@ async def _run_row(row: Row, column: Column) -> Finding:
         return Finding(RED, f"the row did not finish within {ROW_DEADLINE_S:g} s: a call hung")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an answer of a shape the row did not expect
         return Finding(RED, f"the row could not read an answer: {type(exc).__name__}: {exc}")
-
-
-__all__ = ["WAIT_DEADLINE_S", "CheckError", "Options", "Report", "check"]

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import jsonschema
 import pytest
 from aiohttp import web
@@ -274,6 +273,3 @@ async def test_a_row_that_hangs_is_red_not_stuck(bare_sim: Any, tmp_path: Path) 
     found = cell(report, "sleep-wake-level-1", "direct")
     assert found.verdict == "red", found.why
     assert any(step["failure"] == "no answer within 1 s" for step in found.steps), found.steps
-
-
-__all__ = ["aiohttp"]
