@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-canary", action="store_true", help="skip the canary completion after a wake")
     sub.add_parser("sim", help="run the vLLM simulator (see `vllm-lifeguard sim --help`)", add_help=False)
     sub.add_parser("status", help="a proxy's state as a table (see `vllm-lifeguard status --help`)", add_help=False)
+    sub.add_parser("check", help="what a vLLM deployment gets wrong (`vllm-lifeguard check --help`)", add_help=False)
     return parser
 
 
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         from .status_cli import main as status_main
 
         return status_main(args_list[1:])
+    if args_list[:1] == ["check"]:
+        from .check.cli import main as check_main
+
+        return check_main(args_list[1:])
     args = build_parser().parse_args(args_list)
     import os
 

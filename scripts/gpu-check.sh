@@ -11,6 +11,9 @@
 # memory its own processes', NVML's per-process list): both put to sleep at once, one lying, which its own
 # memory check must catch while the other's honest sleep moves the device; figures in gpu-check-engines.json.
 #
+# Before the lies, `vllm-lifeguard check --lifecycle` runs its physical rows against that simulator and proxy, both
+# columns (figures in gpu-check-matrix.json).
+#
 # Then two pods on the GPU (docs/gpu-sharing-across-pods.md): two such simulators, each behind its own proxy
 # (`--gpu-probe nvml`), the proxies sharing one `gpu_lock_dir`, each sized to take 55% of the device awake (one
 # fits, two do not). gpu_check.py races a wake through both proxies, three times: one wakes, the other is
@@ -88,6 +91,16 @@ LIFEGUARD_RECONCILE_INTERVAL_S=0.5 LIFEGUARD_VERIFY_TIMEOUT_S=$VERIFY_TIMEOUT_S 
   --gpu-probe "$PROBE" >"$WORK/proxy.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$PROXY_PORT/lifeguard/healthz" 30 "${PIDS[1]}"
+
+# The physical rows of `vllm-lifeguard check` (docs/check.md): level-1 and level-2 cycles with the canary, and the
+# device memory at a sleep and a wake, on the simulator itself and through the proxy: $OUT_DIR/gpu-check-matrix.json.
+wait_http "http://127.0.0.1:$PROXY_PORT/lifeguard/serving" 30 "${PIDS[1]}"  # RUNNING: --lifecycle wants it idle
+set +e
+timeout 90 "$PYTHON" -m proxy check "http://127.0.0.1:$PROXY_PORT" --lifecycle --gpu-probe "$PROBE" --json \
+  --row sleep-wake-level-1 --row sleep-wake-level-2 --row memory-follows-sleep >"$OUT_DIR/gpu-check-matrix.json"
+rc_matrix=$?
+set -e
+((rc_matrix == 0)) || echo "gpu-check: the check's matrix exited $rc_matrix ($OUT_DIR/gpu-check-matrix.json)" >&2
 
 EXTRA="{\"mode\": \"$MODE\", \"gpu_probe\": \"${PROBE%%:*}\", \"physical\": $PHYSICAL}"
 set +e
@@ -178,4 +191,4 @@ set -e
 if ((rc_pods != 0)); then
   for pod in a b; do echo "--- proxy $pod log" >&2; tail -n 30 "$WORK/proxy-$pod.log" >&2; done
 fi
-exit $((rc || rc_engines || rc_pods))
+exit $((rc || rc_matrix || rc_engines || rc_pods))
