@@ -391,6 +391,8 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
                 rng.shuffle(kinds)
             kind = kinds.pop()
             ops = [o for o in FAULT_OPS[kind] if o not in chosen.values()]
+            if not ops:
+                continue  # its only operation is armed already (lie-weights: wake_up); back at the next shuffle
             chosen[kind] = rng.choices(ops, weights=[OFTEN.get(o, 1) for o in ops])[0]
             if kind in LETHAL:
                 break  # a lethal fault wipes whatever else is armed
