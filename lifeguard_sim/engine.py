@@ -99,6 +99,7 @@ class Engine:
         # reset, and whether a lie-weights fault gave one tensor other bytes.
         self.weights_zeroed = False
         self.weights_altered = False
+        self.offload_altered = False  # a lie-weights sleep: the CPU copy of the weights holds other bytes
         self.weight_update_active = False
         self.weight_update_draft = False  # the open session writes the drafter (/start_draft_weight_update)
         self.draft_weight_writes = 0
@@ -389,6 +390,7 @@ class Engine:
                         # Level 1 offloads the weights to CPU memory; level 2 discards them.
                         offload = {"weights"} if level == 1 else set()
                         await self._move(lambda: self.memory.release(_ALL_TAGS, offload=offload))
+                    self.offload_altered = fired.kind == "lie-weights" and level == 1
         # vLLM re-records the gauge with the requested level even when the executor was already asleep.
         self.sleep_metric = (0, int(level == 1), int(level == 2))
         self.scheduler.stats.durations["sleep"].append(time.monotonic() - started)
@@ -427,8 +429,9 @@ class Engine:
                     self._resume_scheduler()
                 if fired.kind == "lose-lora" and "weights" in to_wake:
                     self.lora_lost |= set(self.lora_adapters)  # vLLM #53888: still listed, base-model answers
-                if fired.kind == "lie-weights" and "weights" in to_wake:
+                if (fired.kind == "lie-weights" or self.offload_altered) and "weights" in to_wake:
                     self.weights_altered = True  # other bytes than were put to sleep
+                    self.offload_altered = False
             claimed = "sleeping" if self.is_sleeping else "awake"
         # vLLM 0.32's AsyncLLM.wake_up records "awake" only once the executor is fully awake (measured).
         if fired.kind == "lie-asleep" or not self.executor_tags:

@@ -46,9 +46,10 @@ KINDS: dict[str, str] = {
     "path 503 'This data-parallel rank has been retired...'",
     "scale-fails": "scale_elastic_ep only: the commit fails: 500 'Scale failed', the scaling gate stays up and "
     "/is_scaling_elastic_ep says phase 'failed' with the error",
-    "lie-weights": "wake_up and collective_rpc only: answer 200 and work, but one weight tensor holds other bytes than "
-    "it must (a wake restores other weights than were put to sleep; a reload_weights reads a checkpoint file changed "
-    "on disk); greedy answers are unchanged, only /weight_checker's checksums tell",
+    "lie-weights": "sleep, wake_up and collective_rpc only: answer 200 and work, but one weight tensor holds other "
+    "bytes than it must (a level-1 sleep's CPU copy, or the wake, restores other weights than were put to sleep; a "
+    "reload_weights reads a checkpoint file changed on disk); greedy answers are unchanged, only /weight_checker's "
+    "checksums tell",
     "slow:S": "the operation takes S seconds longer (combines with any other fault)",
 }
 
@@ -58,7 +59,7 @@ _ONLY_FOR: dict[str, tuple[str, ...]] = {
     "lose-lora": ("wake_up",),
     "retire": ("scale_elastic_ep",),
     "scale-fails": ("scale_elastic_ep",),
-    "lie-weights": ("wake_up", "collective_rpc"),
+    "lie-weights": ("sleep", "wake_up", "collective_rpc"),
 }
 _LIFECYCLE_ONLY = frozenset({"lie-asleep", "lie-memory"})
 

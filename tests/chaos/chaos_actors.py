@@ -366,7 +366,8 @@ FAULT_OPS: dict[str, tuple[str, ...]] = {
     # a wake that restores other weights: caught by the weights' checksums. Not on collective_rpc: the trainers'
     # reloads are rare, an armed fault that does not fire is tried again at once, and it starved the other kinds
     # (seed 42: lie-dead never armed in the bounded run).
-    "lie-weights": ("wake_up",),
+    # a level-1 sleep or a wake: a forwarded wake alone (an asleep engine, within the wait) left it unfired (seed 42)
+    "lie-weights": ("sleep", "wake_up"),
     "lie-dead": GENERAL_OPS,
     "garbage": GENERAL_OPS,
     "slow": GENERAL_OPS,
@@ -392,7 +393,7 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
             kind = kinds.pop()
             ops = [o for o in FAULT_OPS[kind] if o not in chosen.values()]
             if not ops:
-                continue  # its only operation is armed already (lie-weights: wake_up); back at the next shuffle
+                continue  # its operations are armed already this round: back at the next shuffle
             chosen[kind] = rng.choices(ops, weights=[OFTEN.get(o, 1) for o in ops])[0]
             if kind in LETHAL:
                 break  # a lethal fault wipes whatever else is armed

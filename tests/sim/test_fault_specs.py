@@ -45,7 +45,7 @@ def test_slow_carries_its_seconds() -> None:
         "sleep:lose-lora",
         "wake_up:retire",
         "generate:scale-fails",
-        "sleep:lie-weights",
+        "generate:lie-weights",
     ],
 )
 def test_malformed_specs_are_rejected_by_name(text: str) -> None:
