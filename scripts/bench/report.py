@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import math
 import os
+import statistics
 from typing import Any
 
 from rig import PEERS
@@ -158,6 +159,25 @@ def fixed_rows(fixed: dict[str, Any], conns: list[int]) -> list[list[str]]:
     return rows
 
 
+def outside_rows(out: dict[str, Any]) -> list[list[str]]:
+    """Issue 39's outside measurement: one fixed body, process-tree CPU, variants alternated (outside.py)."""
+    paths = [c for c in COLUMNS if out.get(c)]
+    if "lifeguard" not in paths:
+        return []
+    what = "outside's configuration (wrk -t1 -c64, one body, process trees)"
+    cpu = {path: out[path]["cpu_us_per_req"] for path in paths}
+    rps = {path: out[path]["rps"] for path in paths}
+    rows = [compare(f"{what}: CPU per request", cpu, "us", True), compare(f"{what}: req/s", rps, "", False)]
+    for key, figure in (("cpu_vs_nginx", "CPU per request"), ("rps_vs_nginx", "req/s")):
+        ratios = out.get(key) or []
+        if ratios:
+            median = statistics.median(ratios)
+            runs = " / ".join(fmt(r, "x") for r in ratios)
+            rows.append(lifeguard_only(f"… lifeguard ÷ nginx, {figure}, outside's configuration: median (runs)",
+                                       f"{fmt(median, 'x')} ({runs})", judge(f"outside_{key}", median)))  # fmt: skip
+    return rows
+
+
 def sse_rows(sse: dict[str, Any], streams_list: list[int], rate: float) -> list[list[str]]:
     rows = []
     for s in streams_list:
@@ -294,7 +314,8 @@ def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace)
 
 
 def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    rows = fixed_rows(res.get("fixed", {}), args.conns) + sse_rows(res.get("sse", {}), args.streams, args.sse_rate)
+    rows = fixed_rows(res.get("fixed", {}), args.conns) + outside_rows(res.get("outside", {}))
+    rows += sse_rows(res.get("sse", {}), args.streams, args.sse_rate)
     if res.get("hold"):
         rows += hold_rows(res["hold"], args.held)
     if res.get("lifecycle"):

@@ -14,7 +14,7 @@ Everything runs on loopback, started and stopped here, under one temp directory:
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
 One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the paths and what runs
-behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py`, `realvllm.py` (the loads),
+behind them), `fixed.py`, `outside.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py`, `realvllm.py` (the loads),
 `targets.py` (the speed targets, one table), `report.py` (the printed tables), `charts.py` (the PNGs,
 from `--json`); this file only runs them.
 
@@ -41,6 +41,7 @@ from fixed import bench_fixed
 from hold import bench_hold
 from lifecycle import bench_lifecycle
 from mixed import bench_mixed
+from outside import bench_outside
 from procs import log
 from realvllm import bench_vllm
 from report import build_table, machine
@@ -49,7 +50,7 @@ from sse import bench_sse
 from swap import bench_swap
 
 ROOT = Path(__file__).resolve().parents[2]
-RIG_LOADS = {"fixed", "sse", "lifecycle", "hold"}  # the loads that run against start_fixed()'s processes
+RIG_LOADS = {"fixed", "outside", "sse", "lifecycle", "hold"}  # the loads that run against start_fixed()'s processes
 
 
 @contextlib.contextmanager
@@ -77,6 +78,8 @@ async def run(args: argparse.Namespace) -> int:
                 await rig.start_fixed()
             if "fixed" in args.only:
                 res["fixed"] = await bench_fixed(rig, tuple(args.conns), args.seconds, args.reps)
+            if "outside" in args.only:
+                res["outside"] = await bench_outside(rig, args.outside_seconds, args.outside_reps)
             if "sse" in args.only:
                 res["sse"] = await bench_sse(rig, tuple(args.streams), args.sse_rate, args.sse_seconds, args.reps)
             if "lifecycle" in args.only:
@@ -118,8 +121,8 @@ def main() -> int:
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument(
         "--only",
-        default="fixed,sse,lifecycle,swap,mixed,hold",
-        help="comma list: fixed,sse,lifecycle,swap,mixed,hold,vllm",
+        default="fixed,outside,sse,lifecycle,swap,mixed,hold",
+        help="comma list: fixed,outside,sse,lifecycle,swap,mixed,hold,vllm",
     )
     parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
     parser.add_argument(
@@ -132,6 +135,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument("--conns", default="1,64,256")
+    parser.add_argument("--outside-seconds", type=float, default=5.0, help="issue 39's outside row: one wrk run")
+    parser.add_argument("--outside-reps", type=int, default=2, help="issue 39's outside row: alternated repetitions")
     parser.add_argument("--streams", default="64,512")
     parser.add_argument(
         "--sse-rate", type=float, default=20_000, help="events/s the SSE source offers in all, for the latency rows"
