@@ -178,6 +178,27 @@ def outside_rows(out: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def release_rows(rel: dict[str, Any]) -> list[list[str]]:
+    """The release burst (release.py): held streams released at a verified resume against nginx's fresh streams."""
+    if not rel.get("lifeguard") or not rel.get("ratios"):
+        return []
+    count, ratios = rel["count"], rel["ratios"]
+    ms = {path: rel[path]["last_first_ms"] for path in ("nginx", "lifeguard")}
+    figure = (f"release burst: {count:,} streams held through a weight sync, resume's 200 → last first byte "
+              f"(nginx: {count:,} fresh streams sent at once → last first byte), median")  # fmt: skip
+    share = rel["answered_share"] if not rel["server_errors"] else 0.0
+    return [
+        compare(figure, ms, "ms", True),
+        lifeguard_only(f"… lifeguard ÷ nginx, worst / best of {len(ratios)}",
+                       f"{fmt(ratios[-1], 'x')} / {fmt(ratios[0], 'x')}", judge("release_burst_vs_nginx", ratios[-1])),
+        lifeguard_only("… held streams answered 200 to [DONE], every run (5xx)",
+                       f"{rel['answered_share']:.0%} ({rel['server_errors']:.0f})",
+                       judge("release_answered_share", share)),
+        lifeguard_only("… lifeguard's peak RSS over the run (VmHWM), median / max",
+                       f"{fmt(rel['lifeguard']['peak_rss'], 'MiB')} / {fmt(rel['peak_rss_max'], 'MiB')}"),
+    ]  # fmt: skip
+
+
 def sse_rows(sse: dict[str, Any], streams_list: list[int], rate: float) -> list[list[str]]:
     rows = []
     for s in streams_list:
@@ -316,6 +337,7 @@ def vllm_table(vllm: dict[str, Any], conns: list[int], args: argparse.Namespace)
 def build_table(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
     rows = fixed_rows(res.get("fixed", {}), args.conns) + outside_rows(res.get("outside", {}))
     rows += sse_rows(res.get("sse", {}), args.streams, args.sse_rate)
+    rows += release_rows(res.get("release", {}))
     if res.get("hold"):
         rows += hold_rows(res["hold"], args.held)
     if res.get("lifecycle"):

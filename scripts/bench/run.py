@@ -14,9 +14,9 @@ Everything runs on loopback, started and stopped here, under one temp directory:
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
 One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the paths and what runs
-behind them), `fixed.py`, `outside.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py`, `realvllm.py` (the loads),
-`targets.py` (the speed targets, one table), `report.py` (the printed tables), `charts.py` (the PNGs,
-from `--json`); this file only runs them.
+behind them), `fixed.py`, `outside.py`, `sse.py`, `release.py`, `hold.py`, `lifecycle.py`, `swap.py`,
+`realvllm.py` (the loads), `targets.py` (the speed targets, one table), `report.py` (the printed tables),
+`charts.py` (the PNGs, from `--json`); this file only runs them.
 
 Figures are medians over `--reps` interleaved repetitions. CPU time per request is read from
 /proc/PID/stat around each run, so it holds even when other work shares the cores; throughput and
@@ -44,13 +44,21 @@ from mixed import bench_mixed
 from outside import bench_outside
 from procs import log
 from realvllm import bench_vllm
+from release import bench_release
 from report import build_table, machine
 from rig import Rig
 from sse import bench_sse
 from swap import bench_swap
 
 ROOT = Path(__file__).resolve().parents[2]
-RIG_LOADS = {"fixed", "outside", "sse", "lifecycle", "hold"}  # the loads that run against start_fixed()'s processes
+RIG_LOADS = {
+    "fixed",
+    "outside",
+    "sse",
+    "release",
+    "lifecycle",
+    "hold",
+}  # the loads that run against start_fixed()'s processes
 
 
 @contextlib.contextmanager
@@ -82,6 +90,8 @@ async def run(args: argparse.Namespace) -> int:
                 res["outside"] = await bench_outside(rig, args.outside_seconds, args.outside_reps)
             if "sse" in args.only:
                 res["sse"] = await bench_sse(rig, tuple(args.streams), args.sse_rate, args.sse_seconds, args.reps)
+            if "release" in args.only:
+                res["release"] = await bench_release(rig, args.release_streams, args.release_reps)
             if "lifecycle" in args.only:
                 res["lifecycle"] = await bench_lifecycle(rig, args.cycles, args.op_ms)
             if "swap" in args.only:
@@ -121,8 +131,8 @@ def main() -> int:
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument(
         "--only",
-        default="fixed,outside,sse,lifecycle,swap,mixed,hold",
-        help="comma list: fixed,outside,sse,lifecycle,swap,mixed,hold,vllm",
+        default="fixed,outside,sse,release,lifecycle,swap,mixed,hold",
+        help="comma list: fixed,outside,sse,release,lifecycle,swap,mixed,hold,vllm",
     )
     parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
     parser.add_argument(
@@ -142,6 +152,8 @@ def main() -> int:
         "--sse-rate", type=float, default=20_000, help="events/s the SSE source offers in all, for the latency rows"
     )
     parser.add_argument("--sse-seconds", type=float, default=4.0)
+    parser.add_argument("--release-streams", type=int, default=2048, help="the release burst's held streams")
+    parser.add_argument("--release-reps", type=int, default=3, help="the release burst's alternated repetitions")
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--hold-reps", type=int, default=2)
     parser.add_argument("--cycles", type=int, default=20)

@@ -44,6 +44,10 @@ TARGETS: dict[str, Target] = {
     "sse_events_per_s": Target("≥ 50,000/s", lambda rate: rate >= 50_000),
     "sse_cpu_vs_nginx": Target("≤ 1.2× nginx", lambda ratio: ratio <= 1.2),
     "sse_burst_vs_nginx": Target("≤ 2× nginx in every run", lambda ratio: ratio <= 2),
+    # the release burst (release.py): lifeguard's resume's 200 → last stream's first byte ÷ nginx's send → last first
+    # byte of as many fresh streams, the worst repetition; the share of held streams answered 200 to [DONE], no 5xx
+    "release_burst_vs_nginx": Target("≤ 1.5× nginx in every run", lambda ratio: ratio <= 1.5),
+    "release_answered_share": Target("all, no 5xx", lambda share: share >= 1),
     # in front of a real vLLM: req/s through lifeguard ÷ req/s direct, the median of the interleaved runs
     "vllm_rps_vs_direct": Target("≥ 0.95× direct (median)", lambda ratio: ratio >= 0.95),
     # held requests: wake end → first forwarded; drain rate ÷ steady rate (0 unless all answered 200);
