@@ -85,6 +85,9 @@ class Rig:
     router_pid: int = 0
     router_sse_pid: int = 0
     paths: list[str] = field(default_factory=lambda: ["direct", "nginx"])
+    # lifeguard's `upstream_max_connections` (0: its default, 1,024): above the most streams a load opens, since
+    # the streams beyond it wait for a free connection, which an endless stream never frees
+    upstream_max_connections: int = 0
 
     def render(self, template: str, out: str, **values: int | str) -> Path:
         text = (HERE / template).read_text()
@@ -230,6 +233,8 @@ class Rig:
         port = free_port()
         argv = [sys.executable, "-m", "proxy", "serve", *target]
         argv += ["--port", str(port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning", *flags]
+        if self.upstream_max_connections:
+            env = {"LIFEGUARD_UPSTREAM_MAX_CONNECTIONS": str(self.upstream_max_connections), **(env or {})}
         proc = self.start("lifeguard" + (f"-{suffix}" if suffix else ""), argv, cwd=src, env=env)
 
         async def running() -> bool:

@@ -81,6 +81,7 @@ async def run(args: argparse.Namespace) -> int:
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
         rig = Rig(wd, Path(args.proxy_src).resolve(), baseline_src=baseline)
         rig.peers_bin = Path(args.peers_bin) if args.peers_bin else None
+        rig.upstream_max_connections = args.upstream_max_connections
         try:
             if args.only & RIG_LOADS:  # the swap and the real vLLM start upstreams of their own
                 await rig.start_fixed()
@@ -147,13 +148,19 @@ def main() -> int:
     parser.add_argument("--conns", default="1,64,256")
     parser.add_argument("--outside-seconds", type=float, default=5.0, help="issue 39's outside row: one wrk run")
     parser.add_argument("--outside-reps", type=int, default=2, help="issue 39's outside row: alternated repetitions")
-    parser.add_argument("--streams", default="64,512")
+    parser.add_argument("--streams", default="64,512,2048")
     parser.add_argument(
         "--sse-rate", type=float, default=20_000, help="events/s the SSE source offers in all, for the latency rows"
     )
     parser.add_argument("--sse-seconds", type=float, default=4.0)
     parser.add_argument("--release-streams", type=int, default=2048, help="the release burst's held streams")
     parser.add_argument("--release-reps", type=int, default=3, help="the release burst's alternated repetitions")
+    parser.add_argument(
+        "--upstream-max-connections",
+        type=int,
+        default=4096,
+        help="every lifeguard's upstream_max_connections (0: the proxy's default, 1,024, which 2,048 streams exceed)",
+    )
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--hold-reps", type=int, default=2)
     parser.add_argument("--cycles", type=int, default=20)

@@ -39,10 +39,11 @@ TARGETS: dict[str, Target] = {
     # ms lifeguard adds over nginx
     "p50_over_nginx_ms@1": Target("+≤ 0.1 ms over nginx", lambda added: added <= 0.1),
     "p99_over_nginx_ms@256": Target("+≤ 2 ms over nginx", lambda added: added <= 2),
-    # SSE events/s relayed with the source unpaced; lifeguard's CPU per event ÷ nginx's; a burst of 512
+    # SSE events/s relayed with the source unpaced; lifeguard's CPU per event ÷ nginx's (the median; at 512 streams
+    # and more the worst repetition, issue 39); a burst of 512
     # streams: lifeguard's time until every one delivers ÷ nginx's, in the worst repetition
     "sse_events_per_s": Target("≥ 50,000/s", lambda rate: rate >= 50_000),
-    "sse_cpu_vs_nginx": Target("≤ 1.2× nginx", lambda ratio: ratio <= 1.2),
+    "sse_cpu_vs_nginx": Target("≤ 1.2× nginx (512 and 2,048 streams: in every run)", lambda ratio: ratio <= 1.2),
     "sse_burst_vs_nginx": Target("≤ 2× nginx in every run", lambda ratio: ratio <= 2),
     # the release burst (release.py): lifeguard's resume's 200 → last stream's first byte ÷ nginx's send → last first
     # byte of as many fresh streams, the worst repetition; the share of held streams answered 200 to [DONE], no 5xx
