@@ -16,7 +16,8 @@ time between lifeguard and nginx, its two values alternated, and prints lifeguar
 * cpu: the process tree / the one process fixed.py measures (nginx: its worker);
 * logging: the rig's `--log-level warning` / `serve`'s default, info;
 * loop: uvloop (the default) / asyncio's own (`LIFEGUARD_EVENT_LOOP=asyncio`);
-* contention: the cores as they are / two more busy loops on them while each run lasts.
+* contention: the cores as they are / two more busy loops on them while each run lasts;
+* cache: two more busy loops / two more loops copying 64 MiB over and over (what they evict, not their CPU).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from procs import log, median_dict, run_ratios
 from rig import TWO_ENGINE_MODELS, Rig
 
 CONNS = 64
+#: a co-runner that streams through memory (evicting the caches it shares), where `while True: pass` barely touches them
+MEMORY_HOG = "b = bytearray(64 << 20)\nwhile True: bytes(b)"
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,12 @@ class Variant:
     models: tuple[str, ...] = ("tiny",)
     tree: bool = True
     hogs: int = 0  # busy loops running beside it while the run lasts
+    hog: str = "while True: pass"  # what each runs (Python)
 
 
 @contextlib.contextmanager
-def busy_loops(count: int) -> Iterator[None]:
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+def busy_loops(count: int, code: str) -> Iterator[None]:
+    hogs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
     try:
         yield
     finally:
@@ -70,7 +74,7 @@ async def alternated(variants: dict[str, Variant], seconds: float, reps: int) ->
         names = list(variants) if rep % 2 == 0 else list(reversed(variants))
         for name in names:
             v = variants[name]
-            with busy_loops(v.hogs):
+            with busy_loops(v.hogs, v.hog):
                 r = await wrk(v.port, CONNS, seconds, v.pid, models=v.models, tree=v.tree)
             with open("/proc/loadavg") as f:
                 r["load1"] = float(f.read().split()[0])
@@ -133,6 +137,10 @@ async def vary(rig: Rig, name: str) -> tuple[str, str, dict[str, Variant]]:
     elif name == "contention":
         values = ("the cores as they are", "+2 busy loops")
         b_nginx, b = replace(nginx, hogs=2), replace(a, hogs=2)
+    elif name == "cache":
+        values = ("+2 busy loops", "+2 loops copying 64 MiB")
+        nginx, a = replace(nginx, hogs=2), replace(a, hogs=2)
+        b_nginx, b = replace(nginx, hog=MEMORY_HOG), replace(a, hog=MEMORY_HOG)
     else:
         raise SystemExit(f"outside.py: no variable {name!r}")
     variants = {"nginx|A": nginx, "lifeguard|A": a, "nginx|B": b_nginx, "lifeguard|B": b}
