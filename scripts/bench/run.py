@@ -177,6 +177,7 @@ def main() -> int:
         args.vllm_reps = min(args.vllm_reps, 2)
         args.mixed_seconds = min(args.mixed_seconds, 20.0)
         args.held = min(args.held, 2_000)
+        args.outside_seconds, args.release_reps = 2.0, 1
     args.only = set(args.only.split(","))
     if args.vllm:
         args.only.add("vllm")
