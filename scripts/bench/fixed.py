@@ -9,18 +9,25 @@ import os
 import re
 from typing import Any
 
-from procs import cpu_seconds, log, median_dict, rss_bytes
+from procs import cpu_seconds, log, median_dict, rss_bytes, tree_cpu_seconds
 from rig import HERE, TWO_ENGINE_MODELS, Rig
 
 
 async def wrk(
-    port: int, conns: int, seconds: float, pid: int | None, max_tokens: int = 2, models: tuple[str, ...] = ("tiny",)
+    port: int,
+    conns: int,
+    seconds: float,
+    pid: int | None,
+    max_tokens: int = 2,
+    models: tuple[str, ...] = ("tiny",),
+    tree: bool = False,
 ) -> dict[str, float]:
-    """One wrk run (its requests alternating between `models`); adds the proxy's CPU seconds and its RSS
-    sampled half-way."""
+    """One wrk run (its requests alternating between `models`); adds the proxy's CPU seconds (with `tree`,
+    its whole process tree's) and its RSS sampled half-way."""
+    cpu_seconds_of = tree_cpu_seconds if tree else cpu_seconds
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(HERE / "wrk-post.lua")]
     argv.append(f"http://127.0.0.1:{port}/v1/completions")
-    cpu0 = cpu_seconds(pid) if pid else 0.0
+    cpu0 = cpu_seconds_of(pid) if pid else 0.0
     env = {**os.environ, "WRK_MAX_TOKENS": str(max_tokens), "WRK_MODELS": ",".join(models)}
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
@@ -28,7 +35,7 @@ async def wrk(
     await asyncio.sleep(seconds / 2)
     rss = rss_bytes(pid) if pid else 0
     out, err = await proc.communicate()
-    cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    cpu = cpu_seconds_of(pid) - cpu0 if pid else 0.0
     match = re.search(rb"WRKJSON (\{.*\})", out)
     if match is None:
         raise RuntimeError(f"wrk printed no result: {out.decode()} {err.decode()}")

@@ -35,10 +35,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def rss_bytes(pid: int) -> int:
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` and of every process below it (the whole process tree), in seconds."""
+    total, todo = 0.0, [pid]
+    while todo:
+        one = todo.pop()
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(one)
+            todo += children(one)
+    return total
+
+
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """`pid`'s resident memory now (`VmHWM`: its peak since it started)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 

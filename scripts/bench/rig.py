@@ -68,6 +68,7 @@ class Rig:
     nginx_sse_port: int = field(default_factory=free_port)
     procs: list[Proc] = field(default_factory=list)
     nginx_worker: int = 0
+    nginx_master: int = 0  # the process tree of nginx as a proxy: its master and its one worker
     lg: Proc | None = None
     lg_port: int = 0
     baseline_src: Path | None = None  # another checkout whose proxy runs beside (lifeguard-base)
@@ -84,6 +85,9 @@ class Rig:
     router_pid: int = 0
     router_sse_pid: int = 0
     paths: list[str] = field(default_factory=lambda: ["direct", "nginx"])
+    # lifeguard's `upstream_max_connections` (0: its default, 1,024): above the most streams a load opens, since
+    # the streams beyond it wait for a free connection, which an endless stream never frees
+    upstream_max_connections: int = 0
 
     def render(self, template: str, out: str, **values: int | str) -> Path:
         text = (HERE / template).read_text()
@@ -120,7 +124,7 @@ class Rig:
         workers = children(master.pid)
         if len(workers) != 1:
             raise RuntimeError(f"expected one nginx proxy worker, found {workers}")
-        self.nginx_worker = workers[0]
+        self.nginx_worker, self.nginx_master = workers[0], master.pid
         await self._start_envoy()
         await self._start_vllm_router()
 
@@ -211,11 +215,27 @@ class Rig:
         self.lg, self.lg_port = await self._launch(target, self.proxy_src, "")
         return self.lg
 
-    async def _launch(self, target: list[str], src: Path, suffix: str) -> tuple[Proc, int]:
+    async def launch(
+        self, target: list[str], suffix: str, flags: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> tuple[Proc, int]:
+        """A lifeguard of this checkout beside the others, named `lifeguard-<suffix>` (`stop_named` ends it);
+        `flags` after the rig's own (a later `--log-level` wins), `env` added to its environment."""
+        return await self._launch(target, self.proxy_src, suffix, flags, env)
+
+    async def _launch(
+        self,
+        target: list[str],
+        src: Path,
+        suffix: str,
+        flags: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> tuple[Proc, int]:
         port = free_port()
         argv = [sys.executable, "-m", "proxy", "serve", *target]
-        argv += ["--port", str(port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning"]
-        proc = self.start("lifeguard" + (f"-{suffix}" if suffix else ""), argv, cwd=src)
+        argv += ["--port", str(port), "--gpu-probe", "none", "--no-canary", "--log-level", "warning", *flags]
+        if self.upstream_max_connections:
+            env = {"LIFEGUARD_UPSTREAM_MAX_CONNECTIONS": str(self.upstream_max_connections), **(env or {})}
+        proc = self.start("lifeguard" + (f"-{suffix}" if suffix else ""), argv, cwd=src, env=env)
 
         async def running() -> bool:
             status, body = await http(port, "GET", "/lifeguard/state", timeout=2)

@@ -14,9 +14,9 @@ Everything runs on loopback, started and stopped here, under one temp directory:
 Load comes from wrk (non-streaming) and from asyncio clients in this process (SSE, held requests).
 
 One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the paths and what runs
-behind them), `fixed.py`, `sse.py`, `hold.py`, `lifecycle.py`, `swap.py`, `realvllm.py` (the loads),
-`targets.py` (the speed targets, one table), `report.py` (the printed tables), `charts.py` (the PNGs,
-from `--json`); this file only runs them.
+behind them), `fixed.py`, `outside.py`, `sse.py`, `release.py`, `hold.py`, `lifecycle.py`, `swap.py`,
+`realvllm.py` (the loads), `targets.py` (the speed targets, one table), `report.py` (the printed tables),
+`charts.py` (the PNGs, from `--json`); this file only runs them.
 
 Figures are medians over `--reps` interleaved repetitions. CPU time per request is read from
 /proc/PID/stat around each run, so it holds even when other work shares the cores; throughput and
@@ -41,15 +41,24 @@ from fixed import bench_fixed
 from hold import bench_hold
 from lifecycle import bench_lifecycle
 from mixed import bench_mixed
+from outside import bench_outside
 from procs import log
 from realvllm import bench_vllm
+from release import bench_release
 from report import build_table, machine
 from rig import Rig
 from sse import bench_sse
 from swap import bench_swap
 
 ROOT = Path(__file__).resolve().parents[2]
-RIG_LOADS = {"fixed", "sse", "lifecycle", "hold"}  # the loads that run against start_fixed()'s processes
+RIG_LOADS = {
+    "fixed",
+    "outside",
+    "sse",
+    "release",
+    "lifecycle",
+    "hold",
+}  # the loads that run against start_fixed()'s processes
 
 
 @contextlib.contextmanager
@@ -72,13 +81,18 @@ async def run(args: argparse.Namespace) -> int:
         baseline = Path(args.baseline_src).resolve() if args.baseline_src else None
         rig = Rig(wd, Path(args.proxy_src).resolve(), baseline_src=baseline)
         rig.peers_bin = Path(args.peers_bin) if args.peers_bin else None
+        rig.upstream_max_connections = args.upstream_max_connections
         try:
             if args.only & RIG_LOADS:  # the swap and the real vLLM start upstreams of their own
                 await rig.start_fixed()
             if "fixed" in args.only:
                 res["fixed"] = await bench_fixed(rig, tuple(args.conns), args.seconds, args.reps)
+            if "outside" in args.only:
+                res["outside"] = await bench_outside(rig, args.outside_seconds, args.outside_reps)
             if "sse" in args.only:
                 res["sse"] = await bench_sse(rig, tuple(args.streams), args.sse_rate, args.sse_seconds, args.reps)
+            if "release" in args.only:
+                res["release"] = await bench_release(rig, args.release_streams, args.release_reps)
             if "lifecycle" in args.only:
                 res["lifecycle"] = await bench_lifecycle(rig, args.cycles, args.op_ms)
             if "swap" in args.only:
@@ -118,8 +132,8 @@ def main() -> int:
     parser.add_argument("--proxy-src", default=str(ROOT), help="checkout whose `proxy` package is benchmarked")
     parser.add_argument(
         "--only",
-        default="fixed,sse,lifecycle,swap,mixed,hold",
-        help="comma list: fixed,sse,lifecycle,swap,mixed,hold,vllm",
+        default="fixed,outside,sse,release,lifecycle,swap,mixed,hold",
+        help="comma list: fixed,outside,sse,release,lifecycle,swap,mixed,hold,vllm",
     )
     parser.add_argument("--vllm", action="store_true", help="add the real-vLLM rows (`vllm` in --only)")
     parser.add_argument(
@@ -132,11 +146,21 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument("--conns", default="1,64,256")
-    parser.add_argument("--streams", default="64,512")
+    parser.add_argument("--outside-seconds", type=float, default=5.0, help="issue 39's outside row: one wrk run")
+    parser.add_argument("--outside-reps", type=int, default=2, help="issue 39's outside row: alternated repetitions")
+    parser.add_argument("--streams", default="64,512,2048")
     parser.add_argument(
         "--sse-rate", type=float, default=20_000, help="events/s the SSE source offers in all, for the latency rows"
     )
     parser.add_argument("--sse-seconds", type=float, default=4.0)
+    parser.add_argument("--release-streams", type=int, default=2048, help="the release burst's held streams")
+    parser.add_argument("--release-reps", type=int, default=3, help="the release burst's alternated repetitions")
+    parser.add_argument(
+        "--upstream-max-connections",
+        type=int,
+        default=4096,
+        help="every lifeguard's upstream_max_connections (0: the proxy's default, 1,024, which 2,048 streams exceed)",
+    )
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--hold-reps", type=int, default=2)
     parser.add_argument("--cycles", type=int, default=20)
@@ -153,6 +177,7 @@ def main() -> int:
         args.vllm_reps = min(args.vllm_reps, 2)
         args.mixed_seconds = min(args.mixed_seconds, 20.0)
         args.held = min(args.held, 2_000)
+        args.outside_seconds, args.release_reps = 2.0, 1
     args.only = set(args.only.split(","))
     if args.vllm:
         args.only.add("vllm")

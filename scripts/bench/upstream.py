@@ -7,7 +7,9 @@ Serves what the proxy needs and nothing more, with no framework in the way:
   measure per-event latency. Events are paced by one global ticker at ``rate`` events/s, shared
   round-robin by every open stream (``rate`` 0: as fast as the sockets take them).
 * ``/health``, ``/is_sleeping``, ``/is_paused``, ``/v1/models``, ``POST /sleep``, ``POST /wake_up``
-  (each op takes ``op_ms``, then flips the flags the way vLLM does: asleep means paused too).
+  (each op takes ``op_ms``, then flips the flags the way vLLM does: asleep means paused too); ``POST /pause``,
+  ``/resume`` (at once; paused reads as sleeping too, as in vLLM), ``/start_weight_update``, ``/update_weights``,
+  ``/finish_weight_update`` (200 at once: a weight sync with no weights).
 * ``/bench/config?rate=R&op_ms=M&service_ms=S``, ``/bench/reset``, ``/bench/stats``: the harness's own controls;
   stats give the arrival count and first/last arrival times of non-streaming completions, the
   time the last ``/wake_up`` finished and when the proxy's verification read the flags after it, all
@@ -41,11 +43,13 @@ DONE_CHUNK = b"%x\r\n%s\r\n0\r\n\r\n" % (len(DONE), DONE)
 SSE_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
 SSE_HEADERS += b"transfer-encoding: chunked\r\n\r\n"
 HIGH_WATER = 256 * 1024
+WEIGHT_SYNC = (b"/start_weight_update", b"/update_weights", b"/finish_weight_update")
 
 
 class State:
     def __init__(self) -> None:
         self.sleeping = False
+        self.paused = False
         self.rate = 0.0
         self.op_s = 0.0
         self.service_s = 0.0
@@ -151,15 +155,20 @@ class Conn(asyncio.Protocol):
             t.write(OK_EMPTY)
         elif path == b"/is_sleeping":
             st.flag_read()
-            t.write(response("200 OK", b'{"is_sleeping":%s}' % (b"true" if st.sleeping else b"false")))
+            t.write(response("200 OK", b'{"is_sleeping":%s}' % (b"true" if st.sleeping or st.paused else b"false")))
         elif path == b"/is_paused":
             st.flag_read()
-            t.write(response("200 OK", b'{"is_paused":%s}' % (b"true" if st.sleeping else b"false")))
+            t.write(response("200 OK", b'{"is_paused":%s}' % (b"true" if st.sleeping or st.paused else b"false")))
         elif path == b"/v1/models":
             t.write(response("200 OK", MODELS))
         elif path in (b"/sleep", b"/wake_up") and method == b"POST":
             self.busy = True
             asyncio.get_running_loop().call_later(st.op_s, self.op_done, path == b"/sleep")
+        elif path in (b"/pause", b"/resume") and method == b"POST":
+            st.paused = path == b"/pause"
+            t.write(OK_EMPTY)
+        elif path in WEIGHT_SYNC and method == b"POST":
+            t.write(OK_EMPTY)
         elif path == b"/bench/config":
             for key, value in parse_qsl(query.decode()):
                 if key == "rate":
