@@ -73,7 +73,9 @@ def prefill(engine: Engine, req: SimRequest, prompt: Prompt) -> TokenStream:
     path = engine.lora_adapters.get(prompt.model)
     lora = f"{prompt.model}:{path}" if path is not None else None  # vLLM keys an adapter's blocks by name and path
     reused, older = engine.prefix_cache.serve(list(prompt.ids), salt=prompt.salt, lora=lora, weights=weights)
-    if older is not None:
+    # Inside a weight update session the weights are half written and nothing is committed: the proxy holds
+    # inference then, and one a proxy restart knows nothing of (an orphaned session) is outside its guarantee.
+    if older is not None and not engine.weight_update_active:
         engine.violate(
             "prefix_cache_stale_hit",
             f"{req.request_id} reused {reused} prompt tokens of prefix-cache blocks computed by older weights",
