@@ -229,8 +229,7 @@ class EngineRecord:
             self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
     def single_update_written(self) -> None:
-        """A one-call update outside any session (prime-rl's `/update_weights {"weight_dir"}`): what it wrote is the
-        model's, unless a round was armed."""
+        """A /update_weights outside any session (its own): what it wrote is the model's, unless a round was armed."""
         target = self._round_target(drafter=False)
         if target is SessionTarget.MODEL:
             self.weights_loaded("/update_weights wrote the model's weights")

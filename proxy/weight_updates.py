@@ -19,8 +19,6 @@ sent. A reload of the checkpoint, and a finished session, are checked by the wei
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 from typing import NoReturn
 
 from .calls import LifecycleCall
@@ -34,8 +32,6 @@ from .states import State
 from .upstream import Reply
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
-
-log = logging.getLogger("lifeguard.lifecycle")
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
 _NO_SESSION_MESSAGES = (
@@ -109,29 +105,14 @@ class WeightUpdates:
     async def _update(self, call: LifecycleCall) -> Reply:
         if self._record.weight_update_active:  # a session opened while this call waited its turn
             return await self.in_session(call, locked=True)
-        prev = self._record.state  # no session the proxy opened
+        prev = self._record.state  # no session open: this call is a session of its own
         self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, "/update_weights", hint=prev)
-        except BaseException:
+        finally:
             if self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
-            raise
-        if not _writes_in_a_session(call):
-            if self._record.state is State.UPDATING_WEIGHTS:
-                self._record.settle(prev)
-            self._record.single_update_written()
-            return reply
-        # vLLM's own route writes weights only inside a session (0.32 gpu_worker.py: "start_weight_update must be
-        # called before update_weights"), so its 200 says it holds one the proxy did not open: a proxy killed
-        # mid-session left it (chaos seed 42, docs/reliability.md). Adopted as open: what it writes counts at its
-        # finish, not now, and weights a level-2 sleep discarded stay held until then.
-        log.warning(
-            "vLLM accepted /update_weights outside any session the proxy opened: it holds one; adopted, held until "
-            "/finish_weight_update",
-            extra={"event": "weight_update_session_adopted"},
-        )
-        self._record.session_opened(return_to=prev)
+        self._record.single_update_written()
         return reply
 
     async def _finish(self, call: LifecycleCall) -> Reply:
@@ -186,16 +167,6 @@ class WeightUpdates:
             "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
             "closed its own and marked the weights stale: start a new session",
         ) from exc
-
-
-def _writes_in_a_session(call: LifecycleCall) -> bool:
-    """vLLM's `/update_weights` (a session's write, `{"update_info": ...}`), not a one-call update of a trainer's own
-    server wrapper (prime-rl's `{"weight_dir": ...}`, docs/guides/prime-rl.md)."""
-    try:
-        body = json.loads(call.body or b"{}")
-    except ValueError:
-        return False
-    return isinstance(body, dict) and "update_info" in body
 
 
 def _says_no_session(exc: UpstreamBadStatus) -> bool:
