@@ -81,7 +81,7 @@ async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(make_s
     answered from them (what tests/vllm/test_vllm_prefix_cache.py shows on the real vLLM-for-CPU)."""
     stack: Stack = await make_stack(SIM)
     base = str(stack.sim_server.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
         before = await _text(await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE))
         async with _kept_stream(stack, session, base):
@@ -95,7 +95,7 @@ async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(make_s
 async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_succeeds(make_stack: Any) -> None:
     stack: Stack = await make_stack(SIM)
     base = str(stack.client.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         before = await _text(await stack.completion(PROMPT, max_tokens=6))
         async with _kept_stream(stack, session, base):
             reset = await _fully_async_sync(session, base)
@@ -126,7 +126,7 @@ async def test_a_forgotten_reset_is_made_by_the_proxy(make_stack: Any) -> None:
     stack: Stack = await make_stack(SIM)
     base = str(stack.client.make_url("")).rstrip("/")
     before = await _text(await stack.completion(PROMPT, max_tokens=6))
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         assert await _fully_async_sync(session, base, reset=False) is None
     assert stack.sim_count("reset_prefix_cache") == 1  # the proxy's own, once the session finished: it succeeded
     state = await stack.state()
@@ -139,7 +139,7 @@ async def test_a_forgotten_reset_is_made_by_the_proxy(make_stack: Any) -> None:
 async def test_a_reload_through_collective_rpc_counts_as_a_weight_change(make_stack: Any) -> None:
     stack: Stack = await make_stack(SIM)
     base = str(stack.client.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         await _text(await stack.completion(PROMPT, max_tokens=6))
         async with _kept_stream(stack, session, base):
             for path, body in UPDATE.items():
@@ -158,7 +158,7 @@ async def test_a_client_salt_is_kept_apart_from_other_clients(make_stack: Any) -
     """Salted by the proxy, two tenants' salts still keep them apart, and a salt vLLM refuses is refused as before."""
     stack: Stack = await make_stack(SIM)
     base = str(stack.client.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         async with _kept_stream(stack, session, base):
             await _fully_async_sync(session, base)
             cached = len(stack.sim.prefix_cache)
@@ -173,7 +173,7 @@ async def test_a_client_salt_is_kept_apart_from_other_clients(make_stack: Any) -
 async def test_a_restarted_proxy_keeps_the_partition(make_stack: Any, serve_lifeguard: Any, tmp_path: Any) -> None:
     stack: Stack = await make_stack(SIM, state_file=str(tmp_path / "state.json"))
     base, sim_base = (str(url.make_url("")).rstrip("/") for url in (stack.client, stack.sim_server))
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         before = await _text(await stack.completion(PROMPT, max_tokens=6))
         async with _kept_stream(stack, session, sim_base):  # sent to vLLM directly: it outlives the proxy
             await _fully_async_sync(session, base)

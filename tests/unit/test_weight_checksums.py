@@ -85,7 +85,7 @@ def test_an_answer_without_checksums_is_refused_saying_why(payload: object) -> N
 
 
 async def test_the_checkpoint_is_due_only_while_the_weights_are_known_to_be_the_checkpoints() -> None:
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         checksums = _checksums("reloads", session)
         off = _checksums("off", session)
     checksums.engine_answers()
@@ -105,7 +105,7 @@ async def test_the_checkpoint_is_due_only_while_the_weights_are_known_to_be_the_
 
 
 async def test_no_checkpoint_known_makes_the_reload_check_unavailable_not_failed() -> None:
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         check = await _checksums("reloads", session).check_reload()
         assert check is not None and check.result == "unavailable" and "not known" in check.detail
         assert await _checksums("off", session).check_reload() is None
