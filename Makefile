@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench gpu-check clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench clean
 
 setup: $(VENV)/.installed
 

@@ -15,8 +15,8 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null
 fi
-# uvloop drives the bench's own processes (run.py's load clients, the fake vLLM upstream.py); the proxy
-# under test does not use it: `vllm-lifeguard serve` runs on asyncio's own loop (docs/performance.md says
+# uvloop drives the bench's own processes (run.py's load clients, the fake vLLM upstream.py) and, by default
+# (setting event_loop), the proxy under test: `vllm-lifeguard serve` runs on uvloop (docs/performance.md says
 # why). py-spy / pyinstrument are the profilers the closing notes were made with.
 "$VENV/bin/pip" install -q uvloop==0.23.0 py-spy==0.4.3 pyinstrument==5.1.3
 # The peers and the charts' plotting library, in a venv apart: vllm-router's wheel brings FastAPI, uvicorn

@@ -460,7 +460,7 @@ def build() -> dict[str, object]:
         series(
             "Proxy request rate by route class",
             "Requests through the proxy per second, by class: inference, lifecycle, passthrough "
-            "(health, models, metrics ...), lifeguard (its own /lifeguard/ routes).",
+            "(health, models, metrics ...); the proxy's own /lifeguard/ answers are not counted.",
             "reqps",
             q(
                 f"sum by (namespace, pod, route_class) "
