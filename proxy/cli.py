@@ -26,6 +26,9 @@ from .observe.logs import configure_logging
 from .sharing.gpu_lock import GpuLockSetupError
 
 log = logging.getLogger("lifeguard")
+#: `serve` flags that set a setting of another name (`--no-canary`: `canary_enabled: false`); every other flag of
+#: `serve` but `--config` sets the setting its destination names (docs/reference/settings.md reads both).
+FLAG_SETTINGS: dict[str, str] = {"no_canary": "canary_enabled"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,22 +39,40 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # The path segment of its own base URL, /engines/<name>/.
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-    upstream: str
-    # Indices into the GPU reader's device list (NVML: device index) that the engine occupies.
-    gpus: tuple[int, ...] = Field(default=(0,), min_length=1)
-    # How it is put to sleep to make room for another engine: 1 offloads the weights to CPU memory;
-    # 2 discards them, and its next wake reloads them (collective_rpc reload_weights) and resets the prefix cache.
-    swap_sleep_level: Literal[1, 2] = 1
-    # Never put to sleep to make room for another engine.
-    pinned: bool = False
-    # GPU memory it takes awake, over all its GPUs; null: measured on its first verified wake.
-    footprint_gib: float | None = Field(default=None, gt=0)
-    # Served model names routed to it; empty: read from its GET /v1/models.
-    models: tuple[str, ...] = ()
-    # What inference for it meets while it sleeps; wake: swap it in (the top-level on_sleeping is not used).
-    on_sleeping: OnSleeping = "wake"
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+        description="The engine's name: the path segment of its own base URL, /engines/<name>/.",
+    )
+    upstream: str = Field(description="Its vLLM base URL (http:// or https://).")
+    gpus: tuple[int, ...] = Field(
+        default=(0,),
+        min_length=1,
+        description="Indices into the GPU reader's device list (NVML: device index) that the engine occupies.",
+    )
+    swap_sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description=(
+            "How it is put to sleep to make room for another engine: 1 offloads the weights to CPU memory; 2 "
+            "discards them, and its next wake reloads them (collective_rpc reload_weights) and resets the prefix "
+            "cache."
+        ),
+    )
+    pinned: bool = Field(default=False, description="Never put to sleep to make room for another engine.")
+    footprint_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="GPU memory it takes awake, over all its GPUs; null: measured on its first verified wake.",
+    )
+    models: tuple[str, ...] = Field(
+        default=(), description="Served model names routed to it; empty: read from its GET /v1/models."
+    )
+    on_sleeping: OnSleeping = Field(
+        default="wake",
+        description=(
+            "What inference for it meets while it sleeps: hold, reject (503) or wake (swap it in); the top-level "
+            "on_sleeping is not used."
+        ),
+    )
 
     @field_validator("upstream")
     @classmethod
@@ -81,115 +99,325 @@ class Settings(BaseSettings):
     # --- where we listen and what we guard
     upstream: str | None = Field(
         default=None,
-        description=f"vLLM base URL, or {SIMULATOR!r} for the embedded simulator (never chosen by default)",
+        description=(
+            "vLLM base URL (http:// or https://), or `sim` for the embedded simulator (never chosen by default); "
+            "`serve` exits 2 without it (or `engines`), so a forgotten setting never guards a fake engine."
+        ),
     )
-    # Several engines sharing GPUs, instead of `upstream` (docs/model-swap.md).
-    engines: tuple[EngineSettings, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    log_level: LogLevel = "info"
-    log_format: LogFormat = "text"
+    engines: tuple[EngineSettings, ...] = Field(
+        default=(),
+        description=(
+            "Several engines sharing GPUs, instead of `upstream` (a single `upstream` is one engine named "
+            "`default`, also at /engines/default/); one entry per engine, each with the keys of EngineSettings "
+            "(docs/model-swap.md)."
+        ),
+    )
+    host: str = Field(
+        default="127.0.0.1", description="Address the proxy listens on; the container image sets 0.0.0.0."
+    )
+    port: int = Field(
+        default=8080, ge=0, le=65535, description="Port the proxy listens on (trainers point their vLLM base URL here)."
+    )
+    log_level: LogLevel = Field(default="info", description="Log verbosity: debug, info, warning or error.")
+    log_format: LogFormat = Field(
+        default="text", description="Log line format: text (for people) or json (for log collectors)."
+    )
     # uvloop relays a request with less CPU than asyncio's own loop (docs/performance.md); asyncio's is the fallback.
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="The event loop of `serve`: uvloop (less CPU per request) or asyncio (Python's own).",
+    )
 
     # --- the data plane
     # One front (proxy/front/front.py) serves every request of every engine.
-    connect_timeout_s: float = Field(default=5.0, gt=0)
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, description="Seconds to open a TCP connection to vLLM before the attempt fails."
+    )
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
-    upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
+    upstream_keepalive_s: float = Field(
+        default=4.0,
+        gt=0,
+        lt=5.0,
+        description="Seconds an idle pooled connection to vLLM is kept; must stay under uvicorn's 5 s.",
+    )
     # Beyond this many open connections to vLLM, new requests wait for a free one instead of all
     # connecting at once (a burst of released held requests overflows vLLM's accept queue).
-    upstream_max_connections: int = Field(default=1024, gt=0)
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    upstream_max_connections: int = Field(
+        default=1024,
+        gt=0,
+        description="Open connections to vLLM at most; more requests wait for a free one (no burst overflows vLLM).",
+    )
+    max_body_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes (64 MiB)."
+    )
     # The body of a weight push (/update_weights, /collective_rpc): an unpacked CUDA IPC push names every
     # parameter with one pickled handle per trainer GPU (vLLM 0.32 ipc_engine.py, packed=False, its default):
     # 2.7 KB a parameter on 8 GPUs (measured, torch 2.11 on an H200), 97 MiB for Qwen3-235B-A22B's ~37k
     # tensors. Bodies are held in memory while they are forwarded (about twice, briefly): keep it under half
     # the sidecar container's memory limit.
-    max_weight_update_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    max_weight_update_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description=(
+            "Largest body of a weight push (/update_weights, /collective_rpc), in bytes (256 MiB): an unpacked CUDA"
+            " IPC push carries one pickled handle per parameter and trainer GPU, 2.7 KB a parameter on 8 GPUs (97 "
+            "MiB for Qwen3-235B-A22B). Held in memory while forwarded (about twice, briefly): keep it under half "
+            "the sidecar container's memory limit."
+        ),
+    )
     # A client that has not finished its request headers this long after connecting (or after its last
     # answer on a kept-alive connection) is disconnected: a trickling client must not hold a socket forever.
-    client_idle_timeout_s: float = Field(default=75.0, gt=0)
-    # Seconds to receive a whole request body once its headers are in; then 408 body_timeout.
-    client_body_timeout_s: float = Field(default=60.0, gt=0)
-    max_held_requests: int = Field(default=10_000, ge=0)
+    client_idle_timeout_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="Seconds a client connection may go without sending complete request headers before it is closed.",
+    )
+    client_body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds to receive a whole request body once its headers are in; then 408 body_timeout.",
+    )
+    max_held_requests: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most inference requests held at once while vLLM is not RUNNING; beyond that 503 hold_queue_full.",
+    )
     # The bodies of held requests stay in memory until the engine is ready: their total is bounded too.
-    max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    hold_timeout_s: float = Field(default=300.0, gt=0)
+    max_held_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        description=(
+            "Most body bytes of all held requests together (256 MiB); beyond that 503 hold_queue_full. Keep it well"
+            " under the sidecar container's memory limit."
+        ),
+    )
+    hold_timeout_s: float = Field(
+        default=300.0, gt=0, description="Seconds a held request waits for RUNNING before 503 hold_timeout."
+    )
 
     # --- the route table (proxy/front/route_table.py)
-    # A route that neither vLLM nor a supported trainer has: `pass` forwards it at once (like vLLM would);
-    # `hold` treats it as inference (held while the engine is not ready).
-    unknown_routes: Literal["pass", "hold"] = "pass"
-    # Extra paths per class: {inference|at_once|serialized|never_gated: [path, "/prefix/*", "/x/{id}"]}.
-    routes: dict[RouteClass, tuple[str, ...]] = Field(default_factory=dict)
+    unknown_routes: Literal["pass", "hold"] = Field(
+        default="pass",
+        description=(
+            "A POST (or PUT, DELETE...) to a route neither vLLM nor a supported trainer serves: `pass` forwards it "
+            "at once, as vLLM would see it (admin token required when set; counted in "
+            "lifeguard_unknown_route_requests_total and logged once per path); `hold` treats it as inference (held "
+            "while the engine is not RUNNING)."
+        ),
+    )
+    routes: dict[RouteClass, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description=(
+            "Extra paths per class, for routes of your own server wrapper: inference (held unless RUNNING), at_once"
+            " (control: forwarded at once, token), serialized (control that waits for a lifecycle transition to "
+            'end), never_gated (read-only). A path, "/prefix/*" or "/x/{id}". Lifecycle paths cannot be '
+            "reclassified."
+        ),
+    )
 
     # --- the control plane
-    lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
-    # Several pods on one GPU node: a directory every lifeguard on the node shares (a hostPath). Each
-    # transition that takes GPU memory then holds a kernel lock on <dir>/<GPU UUID>.lock (proxy/sharing/gpu_lock.py)
-    # and is admitted against the device's free memory; null: this proxy's own lock per GPU only.
-    gpu_lock_dir: str | None = None
-    lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
-    control_call_timeout_s: float = Field(default=10.0, gt=0)
-    weight_reload_rpc_methods: Annotated[tuple[str, ...], NoDecode] = ("reload_weights",)
-    weight_update_rpc_methods: Annotated[tuple[str, ...], NoDecode] = (
-        "update_weights_nccl",
-        "update_weights_ipc",
-        "skyrl_start_weight_update",
-        "skyrl_finish_weight_update",
+    lifecycle_queue_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a lifecycle call waits for its turn behind another before 409 lifecycle_busy.",
     )
-    admin_token: SecretStr | None = None
+    gpu_lock_dir: str | None = Field(
+        default=None,
+        description=(
+            "Several pods on one GPU node (docs/gpu-sharing-across-pods.md): a directory shared by every lifeguard "
+            "on the node (a hostPath). Each wake, weight load, collective_rpc and KV release then holds a kernel "
+            "lock on <dir>/<GPU UUID>.lock for its whole duration and is admitted against the device's free memory."
+            " null: only this proxy's own lock per GPU. Needs the GPUs' UUIDs (gpu_probe nvml or file:, or "
+            "gpu_devices)."
+        ),
+    )
+    lifecycle_call_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Seconds one upstream lifecycle call (sleep, wake_up, update_weights, ...) may take.",
+    )
+    control_call_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds for the proxy's own short calls to vLLM (/health, /is_sleeping, /is_paused).",
+    )
+    weight_reload_rpc_methods: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("reload_weights",),
+        description='/collective_rpc methods that load weights and so clear the "weights stale" flag.',
+    )
+    weight_update_rpc_methods: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(
+            "update_weights_nccl",
+            "update_weights_ipc",
+            "skyrl_start_weight_update",
+            "skyrl_finish_weight_update",
+        ),
+        description=(
+            "/collective_rpc methods that write weights: refused (409) while the weights are asleep, like "
+            "/update_weights."
+        ),
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Token required on lifecycle and weight routes (Authorization: Bearer), on /lifeguard/state and on the "
+            "status page /lifeguard/ui (a sign-in form there); null leaves them open. Probes and metrics never need"
+            " it."
+        ),
+    )
 
     # --- verification after every lifecycle 200
-    verify_timeout_s: float = Field(default=10.0, gt=0)
-    verify_poll_interval_s: float = Field(default=0.05, gt=0)
-    gpu_probe: str = Field(default="nvml", description="nvml | file:PATH | none")
-    gpu_devices: Annotated[tuple[str, ...], NoDecode] = ()
-    sleep_min_freed_fraction: float = Field(default=0.5, ge=0, le=1)
-    wake_min_restored_fraction: float = Field(default=0.9, ge=0, le=1)
-    weights_wake_min_fraction: float = Field(default=0.05, ge=0, le=1)
-    canary_enabled: bool = True
-    canary_prompt: str = "The capital of France is"
-    canary_timeout_s: float = Field(default=30.0, gt=0)
-    canary_max_logprob_drift: float = Field(default=2.0, gt=0)
-    # LoRA adapters served before a sleep must be served, and answer as before, after the wake (vLLM #53888):
-    # /v1/models is read in the reconcile rounds while RUNNING, and each adapter's canary answer recorded.
-    lora_check: bool = True
+    verify_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds to wait for vLLM's state to match after a lifecycle call answered 200."
+    )
+    verify_poll_interval_s: float = Field(default=0.05, gt=0, description="Seconds between polls while verifying.")
+    gpu_probe: str = Field(
+        default="nvml", description="GPU memory reader: nvml, file:PATH (e.g. the simulator's --gpu-file) or none."
+    )
+    gpu_devices: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "GPUs to read (NVML indices or UUIDs); empty reads every GPU the probe can see. UUIDs here also name "
+            "the GPUs for gpu_lock_dir where the probe cannot (no NVML)."
+        ),
+    )
+    sleep_min_freed_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="Fraction of the memory a sleep must free to count as verified."
+    )
+    wake_min_restored_fraction: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Fraction of the pre-sleep memory a full wake must restore to count as verified.",
+    )
+    weights_wake_min_fraction: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Fraction of the weights' memory a weights-only wake must bring back to count as verified.",
+    )
+    canary_enabled: bool = Field(
+        default=True, description="Send a 1-token canary completion after a wake before releasing traffic."
+    )
+    canary_prompt: str = Field(default="The capital of France is", description="Prompt of the canary completion.")
+    canary_timeout_s: float = Field(default=30.0, gt=0, description="Seconds the canary completion may take.")
+    canary_max_logprob_drift: float = Field(
+        default=2.0,
+        gt=0,
+        description="Largest change of the canary's logprob versus before the sleep that still passes.",
+    )
+    lora_check: bool = Field(
+        default=True,
+        description=(
+            "Check after every full wake that the LoRA adapters vLLM served before the sleep are still listed by "
+            "/v1/models and answer the canary as before (vLLM #53888: a level-1 sleep and wake can leave an adapter"
+            " that answers like the base model). /v1/models is read in the reconcile rounds while RUNNING."
+        ),
+    )
     # Adapters given a canary answer; those past it are only checked to be listed after the wake.
-    lora_canary_max_adapters: int = Field(default=8, ge=0)
-    # vLLM's weight checksums (/weight_checker) as verification (lifecycle/weight_checksums.py, docs/verification.md):
-    # off | reloads (a reload must produce the checkpoint) | always (also a level-1 sleep/wake and each update
-    # session); the default from their measured cost (docs/performance.md). Each read has its own deadline.
-    weight_checksums: Literal["off", "reloads", "always"] = "reloads"
-    weight_checksum_timeout_s: float = Field(default=120.0, gt=0)
+    lora_canary_max_adapters: int = Field(
+        default=8,
+        ge=0,
+        description=(
+            "How many adapters get a canary answer (one 1-token completion each); the others are only checked to be"
+            " listed."
+        ),
+    )
+    weight_checksums: Literal["off", "reloads", "always"] = Field(
+        default="reloads",
+        description=(
+            "vLLM's own weight checksums (POST /weight_checker, a SHA-256 per tensor) as verification "
+            "(docs/verification.md): off never reads them; reloads takes the checkpoint's checksums while the "
+            "weights are known to be the checkpoint's and compares every reload of the checkpoint with them (a "
+            "reload that did not produce it is 503 and its weights held); always also checks a level-1 sleep and "
+            "wake and each weight update session. Each checksum copies every tensor to the CPU and hashes it (the "
+            "default from its cost, docs/performance.md). A /weight_checker reset is held as zeroed weights "
+            "whatever this says."
+        ),
+    )
+    weight_checksum_timeout_s: float = Field(
+        default=120.0, gt=0, description='Seconds one checksum read may take (then "unavailable", never a failure).'
+    )
     # vLLM checks --api-key on /v1 routes only; the canary and model lookup are /v1 calls of our own.
-    upstream_api_key: SecretStr | None = None
+    upstream_api_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "vLLM's --api-key, sent (Authorization: Bearer) on the proxy's own canary and /v1/models calls; null: none."
+        ),
+    )
 
     # --- between calls
-    reconcile_interval_s: float = Field(default=2.0, gt=0)
-    # Reconcile rounds in a row that vLLM must leave unanswered (control_call_timeout_s each) before the engine is
-    # FAILED; a refused connection or a 503 fails it at the first.
-    late_rounds_before_failed: int = Field(default=3, ge=1)
-    hold_while_weights_stale: bool = False
+    reconcile_interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between reconcile polls of vLLM's real state in settled states."
+    )
+    late_rounds_before_failed: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Reconcile rounds in a row that vLLM leaves unanswered (control_call_timeout_s each) before the engine "
+            "is FAILED: a busy API server answers late. A refused connection or a 503 fails it at the first round."
+        ),
+    )
+    hold_while_weights_stale: bool = Field(
+        default=False,
+        description=(
+            "Keep holding inference after vLLM restarted under the proxy (its weights are the initial checkpoint "
+            "again) until a weight update or reload. Level-2 sleeps always hold until the weights are reloaded."
+        ),
+    )
     # Where the proxy keeps what vLLM cannot be asked for (weights discarded, a pause to re-apply), so that a
     # restarted proxy does not forget it; put it on a volume that outlives the container (an emptyDir).
-    state_file: str | None = None
+    state_file: str | None = Field(
+        default=None,
+        description=(
+            "File where the proxy keeps what vLLM cannot be asked for after a proxy restart (weights discarded by a"
+            " level-2 sleep, a pause to re-apply on wake); on a volume that outlives the container. null: none "
+            "kept."
+        ),
+    )
 
     # --- operating policies
-    on_sleeping: OnSleeping = "hold"
-    idle_sleep_after_s: float | None = Field(default=None, gt=0)
-    idle_sleep_level: int = Field(default=1, ge=0, le=2)
-    drain_before_sleep_s: float = Field(default=0.0, ge=0)
+    on_sleeping: OnSleeping = Field(
+        default="hold",
+        description="What an inference request meets while the engine sleeps: hold, reject (503) or wake.",
+    )
+    idle_sleep_after_s: float | None = Field(
+        default=None, gt=0, description="Put the engine to sleep after this many idle seconds; null never does."
+    )
+    idle_sleep_level: int = Field(default=1, ge=0, le=2, description="Sleep level used by the idle sleep (0, 1 or 2).")
+    drain_before_sleep_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "Seconds to let in-flight requests finish before an abort-mode sleep (a client's or the idle sleep) is "
+            "forwarded."
+        ),
+    )
     # Several engines on shared GPUs (proxy/sharing/arbiter.py): while requests for a sleeping engine wait, an awake
     # neighbour serves its own requests this long (from when they began waiting, or from its own wake), then
     # stops admitting, finishes what it serves and is put to sleep for them.
-    swap_quantum_s: float = Field(default=10.0, ge=0)
-    # How long a neighbour put to sleep for a swap may take to finish what it serves; its sleep ends the rest.
-    swap_drain_timeout_s: float = Field(default=60.0, ge=0)
+    swap_quantum_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "Several engines: while requests for a sleeping engine wait, an awake neighbour serves its own this "
+            "many seconds (from when they began waiting, or from its own wake), then stops admitting, finishes and "
+            "is put to sleep."
+        ),
+    )
+    swap_drain_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds a neighbour put to sleep for a swap may take to finish what it serves; its sleep ends what is "
+            "left."
+        ),
+    )
 
     # --- shutdown
-    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    shutdown_grace_s: float = Field(
+        default=30.0, ge=0, description="Seconds in-flight streams get to finish after SIGTERM before the proxy exits."
+    )
 
     @model_validator(mode="before")
     @classmethod

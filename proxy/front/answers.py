@@ -76,7 +76,9 @@ async def own(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
 
 
 def _status_page(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
-    """The status page, or (POST) its sign-in form's answer; `path` as the browser sees it, for the cookie's Path."""
+    """The status page: the engines' states, timeline, GPU memory, swap queue and recent errors, read from
+    `/lifeguard/state` every second; with `admin_token` set, a sign-in form (its POST sets a session cookie)."""
+    # `path` as the browser sees it, for the cookie's Path.
     token = token_bytes(fleet.settings.admin_token)
     path = (f"/engines/{route.engine.name}" if route.engine is not None else "") + route.path
     if request.method in (b"GET", b"HEAD"):
@@ -87,6 +89,9 @@ def _status_page(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
 
 
 async def _state(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    """The engines' state as JSON: each engine's snapshot (state, sleep, pause, weights, verification, errors) and
+    models; with several engines or `gpu_lock_dir`, the GPUs, footprints, swap queue and node locks. Needs the admin
+    token when one is set (or a status page session)."""
     check_reader(request.headers, token_bytes(fleet.settings.admin_token), time.time())
     models = fleet.directory.names()
     if engine is not None:
@@ -101,6 +106,8 @@ async def _state(fleet: Fleet, engine: Engine | None, request: ParsedRequest) ->
 
 
 async def _healthz(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    """Liveness of the proxy alone: `{"status": "ok"}` whenever it answers, whatever the engines do (a sleeping or
+    failed engine must not restart the pod)."""
     return json_answer({"status": "ok"})
 
 
@@ -134,12 +141,15 @@ async def _serving(fleet: Fleet, engine: Engine | None, request: ParsedRequest) 
 
 
 async def _metrics(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    """The proxy's own `lifeguard_*` series (Prometheus text or OpenMetrics, as the scraper asks), every engine's
+    with an `engine` label (docs/reference/metrics.md). vLLM's own are at `/metrics`, passed through."""
     accept = next((value for name, value in request.headers if name.lower() == b"accept"), b"")
     body, content_type = fleet.metrics.exposition(accept.decode("latin-1"))
     return Answer(200, body, content_type.encode("latin-1"))
 
 
 async def _models(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    """With several engines, `GET /v1/models` at the top level: every engine's models in one list."""
     return json_answer(await fleet.directory.listing())
 
 

@@ -33,6 +33,21 @@ class RouteKind(enum.Enum):
     UNKNOWN = "unknown"
 
 
+#: What each kind means for a request (docs/reference/routes.md).
+KIND_MEANINGS: Mapping[RouteKind, str] = {
+    RouteKind.LIFECYCLE: "validated, serialized (one at a time per engine) and verified by the engine's coordinator; "
+    "admin token",
+    RouteKind.AT_ONCE: "control calls forwarded at once while the engine is up, never queued behind a lifecycle call "
+    "(a trainer's NCCL side runs beside them); admin token; refused while FAILED",
+    RouteKind.SERIALIZED: "control calls that touch weights or memory: they wait for a lifecycle transition in "
+    "progress to end, then run at once; never held by a sleep or a pause; admin token; refused while FAILED",
+    RouteKind.NEVER_GATED: "read-only, health and tokenizer-only routes: always forwarded, in every state",
+    RouteKind.INFERENCE: "held (or refused, by `on_sleeping` and the limits) unless the engine is RUNNING",
+    RouteKind.UNKNOWN: "in no table: GET, HEAD and OPTIONS are read-only; any other method follows `unknown_routes` "
+    "(`pass`: forwarded at once, admin token, counted in lifeguard_unknown_route_requests_total; `hold`: as "
+    "inference)",
+}
+
 #: Classes an operator may add paths to with `routes:` in the settings (UNKNOWN and LIFECYCLE are not choices).
 CONFIGURABLE_KINDS: Mapping[str, RouteKind] = {
     "inference": RouteKind.INFERENCE,

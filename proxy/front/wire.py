@@ -36,6 +36,28 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
         b"x-lifeguard-token",
     }
 )
+#: Every `X-Lifeguard-*` header the proxy sends or reads, and what it says (docs/reference/headers.md is made from
+#: this; tests/unit/test_docs_reference.py checks it names each one spelled out in proxy/).
+LIFEGUARD_HEADERS: dict[str, str] = {
+    "X-Lifeguard-Token": "Request, to the proxy: the admin token (`admin_token`), instead of `Authorization: Bearer`. "
+    "Never forwarded to vLLM.",
+    "X-Lifeguard-Reason": "Response: on every error the proxy answers itself, its reason (docs/reference/errors.md); "
+    "also on a vLLM refusal of a lifecycle call relayed as it was (`upstream_rejected`).",
+    "X-Lifeguard-Verified": "Response of a lifecycle call vLLM answered 200: each verification check and its result, "
+    "`name=result` comma-separated (`health=pass,flags=pass,memory=unavailable`).",
+    "X-Lifeguard-Noop": "Response of a lifecycle call: `true` when the proxy answered it without calling vLLM, the "
+    "engine being where the call asks already (a repeated /sleep, a /wake_up while awake).",
+    "X-Lifeguard-Deferred": "Response of a /pause sent while the engine sleeps: `pause applied on wake`; the pause is "
+    "applied by the proxy right after the next wake.",
+    "X-Lifeguard-Drained": "Response of a sleep that waited for requests in flight (`drain_before_sleep_s`): "
+    "`complete` when every one finished, else how many were aborted.",
+    "X-Lifeguard-Pause-Kept": "Response of a /wake_up: the client's pause mode, re-applied after vLLM's wake lifted "
+    "the pause the engine was in before its sleep.",
+    "X-Lifeguard-Weights-Stale": "Response of inference forwarded while the engine's weights are known stale and "
+    "inference is not held for it (after a restart, `hold_while_weights_stale: false`): `true`.",
+    "X-Lifeguard-Prefix-Cache": "Response of a client's `/reset_prefix_cache`: `partitioned` while vLLM's prefix cache "
+    "may still hold blocks of older weights (admitted inference then carries the proxy's `cache_salt`), else `clean`.",
+}
 END_CHUNKS = b"0\r\n\r\n"
 JSON = b"application/json"
 _PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
