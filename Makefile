@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -64,6 +64,9 @@ chaos-pods: setup  ## the bounded chaos run of 3 pods (a proxy each) on one GPU,
 
 bench: setup  ## the performance table against nginx, Envoy, vllm-router, and its charts (docs/performance.md)
 	bash scripts/bench.sh
+
+docs: setup  ## the reference in docs/reference/ (settings, routes, headers, errors, metrics, config schema), from the code
+	$(BIN)/python scripts/docs/reference.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -346,7 +346,6 @@ def makefile() -> Iterator[str]:
         yield f"Makefile: .PHONY target {target} has no rule"
 
 
-@pytest.mark.xfail(strict=True, reason="today's docs: 110 findings, fixed in the next commits")
 def test_the_docs_name_only_what_the_code_has() -> None:
     found = findings()
     assert not found, f"{len(found)} findings:\n" + "\n".join(found)
