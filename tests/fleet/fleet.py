@@ -198,7 +198,7 @@ def router_argv(exe: str, port: int, workers: list[str], endpoint: str, interval
     ]
 
 
-class EngineSet:
+class Fleet:
     """The pairs (started once) and a router per run."""
 
     def __init__(self, workdir: Path, router_exe: str) -> None:
@@ -371,7 +371,7 @@ async def sleep_until(moment: float) -> None:
 
 
 async def run_cycles(
-    fleet: EngineSet,
+    fleet: Fleet,
     session: aiohttp.ClientSession,
     *,
     endpoint: str,

@@ -18,7 +18,7 @@ import pytest
 from lifeguard_testing import missing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet import EngineSet, run_cycles, write_report  # noqa: E402
+from fleet import Fleet, run_cycles, write_report  # noqa: E402
 
 pytestmark = [pytest.mark.fleet, pytest.mark.timeout(240)]
 
@@ -26,13 +26,13 @@ INTERVAL_S = 1
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[EngineSet]:
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     router = os.environ.get("LIFEGUARD_ROUTER_BIN")
     if not router:
         missing("LIFEGUARD_ROUTER_BIN unset: run `make test-fleet` (installs vllm-router)")
     workdir = Path(os.environ.get("LIFEGUARD_FLEET_LOG_DIR") or tmp_path)
     workdir.mkdir(parents=True, exist_ok=True)
-    fleet = EngineSet(workdir, router)
+    fleet = Fleet(workdir, router)
     try:
         for name in ("a", "b", "c"):
             fleet.start_pair(name)
@@ -41,7 +41,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[EngineSet]:
         fleet.stop()
 
 
-async def test_vllm_router_with_lifeguard_serving_sends_nothing_to_a_sleeping_engine(fleet: EngineSet) -> None:
+async def test_vllm_router_with_lifeguard_serving_sends_nothing_to_a_sleeping_engine(fleet: Fleet) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await fleet.wait_running(session, timeout=30)
         baseline = (await run_cycles(fleet, session, endpoint="/health", interval_s=INTERVAL_S)).summary()

@@ -42,7 +42,7 @@ async def fleet(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Any]:
     reset_vllm(vllm_server)
     workdir = Path(os.environ.get("LIFEGUARD_VLLM_LOG_DIR") or tmp_path) / "fleet"
     workdir.mkdir(parents=True, exist_ok=True)
-    fleet = fleet_mod.EngineSet(workdir, router)
+    fleet = fleet_mod.Fleet(workdir, router)
     try:
         fleet.start_pair("vllm", upstream=vllm_server.url, lifeguard_env=LIFEGUARD_ENV)
         fleet.start_pair("sim-b")
