@@ -1,16 +1,8 @@
 """What the proxy answers itself: lifecycle calls (through the engine's coordinator) and its own routes.
 
-Own routes, at the top level about every engine and under `/engines/<name>/` about that one:
-* `GET /lifeguard/state`: the engine's state (`LifecycleCoordinator.snapshot` and its configuration); at the
-  top level `{"engines": {name: ...}}` plus, with several engines or `gpu_lock_dir`, the arbiter's view (GPUs,
-  footprints, the swap queue, the node's locks), and with one engine that engine's own fields at the top too,
-  as single-engine clients read them;
-* `GET /lifeguard/healthz`: liveness of the proxy alone (never vLLM: a sleeping engine must not restart it);
-* `GET /lifeguard/readyz`: ready while an engine can serve or hold (at the top level: any engine);
-* `GET /lifeguard/serving`: 200 while an engine serves now (proxy/front/readiness.py; at the top level: any engine);
-* `GET /lifeguard/metrics`: every series of the proxy, with an `engine` label where it is about one;
-* with several engines, `GET /v1/models` lists every engine's models.
-Nothing here knows HTTP framing: each answer is a `wire.Answer`.
+`/lifeguard/state`, `healthz`, `readyz`, `serving`, `metrics` and the status page, at the top level about every
+engine and under `/engines/<name>/` about that one; with several engines, `GET /v1/models` lists every engine's
+models. Nothing here knows HTTP framing: each answer is a `wire.Answer`. The routes: docs/reference/routes.md.
 """
 
 from __future__ import annotations

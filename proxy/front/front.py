@@ -1,21 +1,10 @@
 """The front: the proxy's one listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
 
-Each request is read once. Its head decides where it goes (proxy/front/routing.py: the engine, the route kind,
-the admin token for guarded routes); once its whole body is in, it becomes one exchange (proxy/front/exchange.py):
-inference the gate admits goes to the engine's vLLM at once, one it holds waits parked in the engine's gate
-as its bytes (proxy/front/held.py), control and pass-through routes are forwarded on the same pooled connections,
-and what the proxy answers itself (lifecycle calls, `/lifeguard/*`) is made by proxy/front/answers.py. One
-keep-alive connection may mix them all; pipelined requests are answered in order.
-
-What the front refuses itself, in the one error format (proxy/front/wire.py): what the request reader refuses
-(proxy/front/request_reader.py: smuggling, oversized heads), then the connection is closed; a declared or
-received body over `max_body_bytes` (413) and a body that stops arriving (408 after `client_body_timeout_s`),
-closed too; a target read two ways (400), an unknown engine (404), a guarded route without the admin token
-(401/403), the connection kept when the body was read. A connection without complete headers
-`client_idle_timeout_s` after it opened or after its last answer is closed without a word.
-
-Every callback here catches what it did not expect (proxy/front/boundary.py): the client is answered and the
-proxy serves on.
+Each request is read once; its head decides where it goes (routing.py); once its whole body is in it becomes one
+exchange (exchange.py): forwarded, held (held.py) or answered by the proxy (answers.py). One keep-alive
+connection may mix them all; pipelined requests are answered in order. What the front refuses itself (smuggling,
+oversized heads and bodies, slow bodies, ambiguous targets, unknown engines, a missing token) is answered in the one
+error format (wire.py). Every callback catches what it did not expect (boundary.py).
 """
 
 from __future__ import annotations

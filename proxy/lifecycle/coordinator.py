@@ -1,14 +1,9 @@
-"""`LifecycleCoordinator`: the one owner of the lifecycle state; it alone decides and acts.
+"""`LifecycleCoordinator`: the one owner of an engine's lifecycle state; it alone decides and acts.
 
-Rule (llama-swap #946): a state read that gates a mutation happens in here, under the one lock.
-Everyone else gets `snapshot()` and treats it as advisory.
-
-Each lifecycle call runs as a coordinator-owned task (a client that hangs up does not cancel a wake
-half-way): wait its turn on the lock (FIFO, with a deadline) -> judge it against the state it finds
-(rules.judge) -> begin trigger (the gate starts holding) -> upstream call, watched for engine death ->
-verify -> settle trigger, or adopt what the engine really is and answer 503. An identical call that
-arrives while one is pending joins it and gets the same outcome, because vLLM's own repeats are not
-harmless (a repeated /sleep aborts the requests queued during sleep).
+A state read that gates a mutation happens in here, under the one lock; everyone else reads `snapshot()`. Each
+lifecycle call runs as a coordinator-owned task: wait its turn (FIFO, with a deadline), judge it (rules.judge),
+begin (the gate holds), call vLLM watching for its death, verify, settle or adopt what the engine really is.
+An identical pending call is joined, not repeated: vLLM's own repeats are not harmless. docs/design.md.
 """
 
 from __future__ import annotations

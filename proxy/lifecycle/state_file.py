@@ -1,20 +1,9 @@
-"""`StateFile`: the facts about the engine that vLLM cannot be asked for, kept in a file so that a proxy
-restarted beside the same vLLM (a sidecar OOM-killed or updated) does not forget them.
+"""`StateFile`: the facts about an engine that vLLM cannot be asked for, kept so a restarted proxy keeps them.
 
-vLLM shows whether it sleeps and, through its `engine_sleep_state` gauge, at which level; it does not show
-that its weights were discarded by a level-2 sleep once it is awake again (the gauge reads awake after any
-full wake), nor a pause the proxy recorded to re-apply on the wake, nor which tags are still asleep after a
-`/wake_up` that answered 200 without waking (the gauge then reads awake, and the flags "asleep and paused"
-read exactly like a pause), nor that a sleep was never confirmed by the GPUs (a /sleep from PAUSED that did
-nothing: its repeat must reach vLLM). Without the facts a new proxy would see an awake or merely paused engine
-and release inference or a weight reload onto weights that are discarded or asleep, or answer a sleep of a
-merely paused engine as a no-op.
-
-The facts is pessimistic: "discarded" is written *before* a level-2 sleep is sent (a proxy killed while it
-runs may never learn its outcome) and cleared only once the weights were loaded again. A vLLM restarted
-while no proxy watched holds its checkpoint, yet the facts still says "discarded": inference is held until a
-reload, never run on weights the proxy cannot vouch for. Writes are atomic (a temporary file renamed over
-the old one), so a kill mid-write leaves the previous facts.
+vLLM does not show that its weights were discarded once it is awake again, a pause to re-apply on the wake, the
+tags still asleep after a partial wake, or a sleep the GPUs never confirmed. The file is pessimistic: "discarded"
+is written before a level-2 sleep is sent and cleared only once weights were loaded again. Writes are atomic (a
+temporary file renamed over the old one). docs/design.md tells why each fact is kept.
 """
 
 from __future__ import annotations
