@@ -1,9 +1,9 @@
 """The request target, decided once: the path that is classified is the path vLLM routes.
 
 vLLM (starlette) routes on the percent-decoded path without resolving dot segments; yarl would resolve them. So a
-target whose meaning depends on who normalises it is refused with 400 (dot or empty segments, an encoded `/` or
-`\`, a backslash, a NUL, a broken escape, a fragment); every other target is classified on its decoded path and
-forwarded with its bytes unchanged. Absolute-form targets are taken as their origin-form.
+target whose meaning depends on who normalises it is refused with 400 (dot or empty segments, an encoded slash or
+backslash, a raw backslash, a NUL, a broken escape, a fragment); every other target is classified on its decoded
+path and forwarded with its bytes unchanged. Absolute-form targets are taken as their origin-form.
 """
 
 from __future__ import annotations
