@@ -249,8 +249,6 @@ def routes_md() -> str:
         "",
         "## Where a request goes",
         "",
-        first_paragraph(routing.__doc__),
-        "",
         "* `/engines/<name>/...`: engine `<name>`, seeing the rest of the path; a name no engine has is 404 "
         "`unknown_engine`.",
         "* `/lifeguard/...`: the proxy's own (above).",
@@ -310,7 +308,6 @@ def headers_md() -> str:
 
 def errors_md() -> str:
     from proxy import errors
-    from proxy.front import wire
 
     seen: dict[str, type[errors.LifeguardError]] = {}
 
@@ -325,9 +322,12 @@ def errors_md() -> str:
         "",
         GENERATED,
         "",
-        "Every error the proxy answers itself. " + one_line(_errors_paragraph(wire.__doc__ or "")),
-        "The reason is in the body's `reason`, in the `X-Lifeguard-Reason` header and in the `outcome` of the "
-        "metrics where one is counted. Retry-After: the seconds the answer tells a client to wait, on every 503.",
+        "Every error the proxy answers itself (proxy/errors.py), rendered by `error_answer` in proxy/front/wire.py: "
+        'vLLM\'s OpenAI-style body `{"error": {' + ", ".join(f'"{name}"' for name in error_body_fields()) + "}}`, "
+        '`"src": "lifeguard"` among them, and an `X-Lifeguard-Reason` header. A stream that had begun ends '
+        "with the same error as an SSE event instead. A refusal vLLM made of a lifecycle call (`upstream_rejected`) "
+        "goes out as vLLM said it. The reason is also the `outcome` of the metrics where one is counted. "
+        "Retry-After: the seconds the answer tells a client to wait, on every 503.",
         "",
         "| reason | status | Retry-After | meaning | what to do |",
         "|---|---|---|---|---|",
@@ -339,10 +339,13 @@ def errors_md() -> str:
     return "\n".join(out) + "\n"
 
 
-def _errors_paragraph(doc: str) -> str:
-    """proxy/front/wire.py's word on the errors it renders: its bullet that begins "Errors"."""
-    match = re.search(r"^\* (Errors .*?)(?=^\* |\Z)", inspect.cleandoc(doc), re.M | re.S)
-    return match.group(1) if match else ""
+def error_body_fields() -> list[str]:
+    """The fields of the error object the proxy answers, read from one rendered error."""
+    from proxy.errors import LifeguardError
+    from proxy.front.wire import error_answer
+
+    body = json.loads(error_answer(LifeguardError("x")).body)
+    return list(body["error"])
 
 
 def metrics_md() -> str:

@@ -1,6 +1,6 @@
 """The docs name only what exists: every file path, test, setting, environment variable, metric and label value,
-route, `X-Lifeguard-*` header, error reason, log event and make target that README.md, docs/**/*.md and the
-comments of config/lifeguard.yaml mention is checked against the code (scripts/docs/facts.py reads it), and the
+route, `X-Lifeguard-*` header, error reason, log event, flag and make target that README.md, CONTRIBUTING.md,
+docs/**/*.md and the comments of config/lifeguard.yaml mention is checked against the code (scripts/docs/facts.py reads it), and the
 Grafana dashboard and alert rules query only series and label values the proxy exports.
 
 A mention of something that no longer exists is allowed only where the text says so: `(removed)` or
@@ -76,7 +76,8 @@ SETTING_SUFFIXES = ("_s", "_bytes", "_fraction", "_enabled", "_routes", "_dir", 
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "config" / "lifeguard.yaml"]
+    top = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    return [*top, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "config" / "lifeguard.yaml"]
 
 
 def doc_lines(path: Path) -> Iterator[tuple[int, str]]:
