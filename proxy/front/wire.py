@@ -46,9 +46,9 @@ LIFEGUARD_HEADERS: dict[str, str] = {
     "X-Lifeguard-Deferred": "Response of a /pause sent while the engine sleeps: `pause applied on wake`; the pause is "
     "applied by the proxy right after the next wake.",
     "X-Lifeguard-Drained": "Response of a sleep that waited for requests in flight (`drain_before_sleep_s`): "
-    "`complete` when every one finished, else how many were aborted.",
-    "X-Lifeguard-Pause-Kept": "Response of a /wake_up: the client's pause mode, re-applied after vLLM's wake lifted "
-    "the pause the engine was in before its sleep.",
+    "`complete` when every one finished, else `timeout; N aborted`.",
+    "X-Lifeguard-Pause-Kept": "Response of a /wake_up of an engine a client had paused before its sleep: the pause "
+    "mode (`keep`, `wait` ...), re-applied after vLLM's wake lifted it.",
     "X-Lifeguard-Weights-Stale": "Response of inference forwarded while the engine's weights are known stale and "
     "inference is not held for it (after a restart, `hold_while_weights_stale: false`): `true`.",
     "X-Lifeguard-Prefix-Cache": "Response of a client's `/reset_prefix_cache`: `partitioned` while vLLM's prefix cache "

@@ -28,7 +28,12 @@ ENV_RE = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b")
 SAMPLE_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created", "_info")
 
 
-def code_files() -> Iterator[Path]:
+@cache
+def code_files() -> tuple[Path, ...]:
+    return tuple(_code_files())
+
+
+def _code_files() -> Iterator[Path]:
     """Every source file of the repository (not the docs)."""
     for name in CODE_FILES:
         yield ROOT / name
@@ -114,6 +119,7 @@ def metrics() -> tuple[MetricFact, ...]:
     return tuple(found)
 
 
+@cache
 def metric_names() -> frozenset[str]:
     """Every name a query may use: the families and their samples' names."""
     names: set[str] = set()
@@ -132,6 +138,7 @@ def headers() -> frozenset[str]:
     return frozenset(found)
 
 
+@cache
 def reasons() -> dict[str, int]:
     """Every error reason the proxy answers, with its HTTP status (UpstreamRejected: vLLM's own 4xx)."""
     from proxy.errors import LifeguardError
@@ -147,6 +154,7 @@ def reasons() -> dict[str, int]:
     return found
 
 
+@cache
 def own_routes() -> tuple[str, ...]:
     """The paths the proxy answers itself (besides the lifecycle calls and, with several engines, /v1/models)."""
     from proxy.front import answers, status_page
@@ -154,18 +162,21 @@ def own_routes() -> tuple[str, ...]:
     return (*answers._OWN, status_page.PAGE_PATH)
 
 
+@cache
 def settings() -> tuple[str, ...]:
     from proxy.config import Settings
 
     return tuple(Settings.model_fields)
 
 
+@cache
 def engine_settings() -> tuple[str, ...]:
     from proxy.config import EngineSettings
 
     return tuple(EngineSettings.model_fields)
 
 
+@cache
 def make_targets() -> tuple[set[str], set[str]]:
     """The Makefile's targets that have a rule, and those it declares .PHONY."""
     text = (ROOT / "Makefile").read_text()
@@ -176,6 +187,7 @@ def make_targets() -> tuple[set[str], set[str]]:
     return rules, phony
 
 
+@cache
 def log_events() -> frozenset[str]:
     """Every `event` a log record of the proxy carries."""
     found: set[str] = set()
@@ -184,6 +196,7 @@ def log_events() -> frozenset[str]:
     return frozenset(found)
 
 
+@cache
 def serving_causes() -> frozenset[str]:
     """The `cause` of a `/lifeguard/serving` 503 (`not_serving`): why inference would not be forwarded now."""
     from proxy.lifecycle import rules
@@ -205,6 +218,7 @@ COMMAND_SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 
+@cache
 def command_source(command: str) -> tuple[Path, ...]:
     """The files that define `command`'s flags: one of COMMAND_SOURCES, or a script of the repository by name."""
     if command in COMMAND_SOURCES:
@@ -215,6 +229,7 @@ def command_source(command: str) -> tuple[Path, ...]:
     return tuple(path for path in code_files() if path.name == name)
 
 
+@cache
 def openapi_paths() -> frozenset[str]:
     """The paths docs/openapi.yaml describes."""
     text = (ROOT / "docs" / "openapi.yaml").read_text()

@@ -128,7 +128,7 @@ def serve_flags() -> dict[str, str]:
     for action in serve._actions:
         setting = FLAG_SETTINGS.get(action.dest, action.dest)
         if setting in Settings.model_fields and action.option_strings:
-            flags[setting] = action.option_strings[0]
+            flags[setting] = action.option_strings[0] + ("` (sets false)`" if action.const is True else "")
     return flags
 
 

@@ -1,12 +1,11 @@
 """The docs name only what exists: every file path, test, setting, environment variable, metric and label value,
 route, `X-Lifeguard-*` header, error reason, log event, flag and make target that README.md, CONTRIBUTING.md,
-docs/**/*.md and the comments of config/lifeguard.yaml mention is checked against the code (scripts/docs/facts.py reads it), and the
-Grafana dashboard and alert rules query only series and label values the proxy exports.
+docs/**/*.md and the comments of config/lifeguard.yaml mention is checked against the code (scripts/docs/facts.py
+reads it), and the Grafana dashboard and alert rules query only series and label values the proxy exports.
 
-A mention of something that no longer exists is allowed only where the text says so: `(removed)` or
-`(renamed ...)` right after it, or a line in a dated, historical section that carries the marker
-`<!-- doc-lint: historical -->` (the rest of such a section's lines are checked as any other). `EXEMPT` lists the
-few mentions let through otherwise, each with its reason.
+A mention of something that no longer exists (in a dated run log, say) is allowed only where the text says so:
+`(removed)`, `(renamed ...)` or `(since removed)` right after it. `EXEMPT` lists the few mentions let through
+otherwise, each with its reason; no file is exempt as a whole.
 """
 
 from __future__ import annotations
@@ -40,8 +39,6 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("docs/reliability.md", "weights_asleep"): "'414 `weights_asleep`' there is a count of answers, not a status",
 }
 
-#: A line of a dated section that may name what existed then.
-HISTORICAL = "<!-- doc-lint: historical -->"
 #: Right after a mention: the text says it is gone.
 GONE_RE = re.compile(r"^[`'\"]?\s*\((?:since )?(?:removed|renamed|gone|deleted)\b")
 
@@ -287,8 +284,6 @@ def findings() -> list[str]:
             for finding in check_line(rel, line):
                 mention = finding.split(" ")[1]
                 if (rel, mention) in EXEMPT:
-                    continue
-                if HISTORICAL in line:
                     continue
                 found.append(f"{rel}:{number}: {finding}")
         if path.suffix == ".md":
