@@ -325,7 +325,11 @@ def completeness() -> Iterator[str]:
 
 def code_queries() -> Iterator[str]:
     """The dashboard and the alert rules query series the proxy exports, with label values it sets."""
-    for rel in ("deploy/grafana/dashboard.py", "deploy/prometheus/lifeguard-rules.yaml"):
+    for rel in (
+        "deploy/grafana/dashboard.py",
+        "deploy/prometheus/lifeguard-rules.yaml",
+        "deploy/prometheus/lifeguard-rules.test.yaml",
+    ):
         text = (ROOT / rel).read_text()
         for number, line in enumerate(text.splitlines(), 1):
             for finding in check_selectors(line.replace("{{", "{").replace("}}", "}")):
