@@ -47,9 +47,9 @@ PATH_RE = re.compile(
 )
 MD_LINK_RE = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 BARE_MD_RE = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
-METRIC_RE = re.compile(r"(?<![\w/.-])(lifeguard_[a-z_]+)")
+METRIC_RE = re.compile(r"(?<![\w/.~-])(lifeguard_[a-z_]+)")
 HEADER_RE = re.compile(r"X-Lifeguard-[A-Za-z][A-Za-z-]*[A-Za-z]")
-OWN_ROUTE_RE = re.compile(r"(?<![\w/.-])(/lifeguard/[\w/-]*\w)")
+OWN_ROUTE_RE = re.compile(r"(?<![\w/.~-])(/lifeguard/[\w/-]*\w)")
 ENV_RE = re.compile(r"(?<![\w$])((?:LIFEGUARD|CHAOS|BENCH)_[A-Z0-9_]*[A-Z0-9])\b")
 MAKE_RE = re.compile(r"`make ([a-z][\w-]*)")
 EVENT_RE = re.compile(r"\bevent=(\w+)")
@@ -371,3 +371,16 @@ def test_the_lint_catches_each_kind_of_mention(line: str, finding: str) -> None:
 
 def test_a_mention_marked_removed_passes() -> None:
     assert not list(check_line("docs/x.md", "the old `proxy/seam.py` (removed) did it"))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "python3 -m venv ~/lifeguard && ~/lifeguard/bin/pip install .",
+        "Prometheus's naming practices (prometheus.io/docs/practices/naming)",
+        "| SLEEPING | 200 | 503 `asleep` |",  # /lifeguard/serving's cause, beside its 503 not_serving
+        "3,593 `engine_unavailable` answers",
+    ],
+)
+def test_what_only_looks_like_a_mention_passes(line: str) -> None:
+    assert not list(check_line("docs/x.md", line))
