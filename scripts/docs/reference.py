@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import re
 import sys
 import types
@@ -334,7 +335,9 @@ def errors_md() -> str:
     ]
     for reason, cls in sorted(seen.items()):
         status = "vLLM's 4xx" if issubclass(cls, errors.UpstreamRejected) else str(cls.status)
-        retry = "—" if cls.retry_after is None and cls.status != 503 else f"{max(1, round(cls.retry_after or 1))} s"
+        # As wire.error_answer writes it: on a 503 or where the class sets one; a relayed refusal is vLLM's own.
+        sends = cls.status == 503 or cls.retry_after is not None
+        retry = f"{max(1, math.ceil(cls.retry_after or 1))} s" if sends and status != "vLLM's 4xx" else "—"
         out.append(f"| `{reason}` | {status} | {retry} | {first_paragraph(cls.__doc__)} | {one_line(cls.advice)} |")
     return "\n".join(out) + "\n"
 
