@@ -108,8 +108,7 @@ class Settings(BaseSettings):
         default=(),
         description=(
             "Several engines sharing GPUs, instead of `upstream` (a single `upstream` is one engine named "
-            "`default`, also at /engines/default/); one entry per engine, each with the keys of EngineSettings "
-            "(docs/model-swap.md)."
+            "`default`, also at /engines/default/); one entry per engine, with the keys below (docs/model-swap.md)."
         ),
     )
     host: str = Field(
@@ -327,12 +326,13 @@ class Settings(BaseSettings):
         default="reloads",
         description=(
             "vLLM's own weight checksums (POST /weight_checker, a SHA-256 per tensor) as verification "
-            "(docs/verification.md): off never reads them; reloads takes the checkpoint's checksums while the "
-            "weights are known to be the checkpoint's and compares every reload of the checkpoint with them (a "
-            "reload that did not produce it is 503 and its weights held); always also checks a level-1 sleep and "
-            "wake and each weight update session. Each checksum copies every tensor to the CPU and hashes it (the "
-            "default from its cost, docs/performance.md). A /weight_checker reset is held as zeroed weights "
-            "whatever this says."
+            "(docs/verification.md): off never read them; reloads take the checkpoint's checksums while the weights "
+            "are known to be the checkpoint's (this proxy saw vLLM start or restart), and compare every reload of the "
+            "checkpoint (/collective_rpc reload_weights) with them: a reload that did not produce the checkpoint is "
+            "503 and its weights held; always also before a level-1 sleep and after its wake (the weights must come "
+            "back bit for bit), and around each weight update session (an update that changed nothing is a warning "
+            "and a metric). Each checksum copies every tensor to the CPU and hashes it; docs/performance.md has the "
+            "cost per GiB behind this default. A /weight_checker reset is held as zeroed weights whatever this says."
         ),
     )
     weight_checksum_timeout_s: float = Field(

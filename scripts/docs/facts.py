@@ -235,3 +235,27 @@ def openapi_paths() -> frozenset[str]:
     text = (ROOT / "docs" / "openapi.yaml").read_text()
     paths = text.split("\npaths:\n", 1)[1]
     return frozenset(re.findall(r"^  (/[^:\s]*):", paths, re.M))
+
+
+#: An indented comment line that is an example of YAML (`#   - name: policy`, `#   routes: {...}`), not prose.
+_YAML_EXAMPLE = re.compile(r"^ {3,5}(?:- )?\w+:")
+
+
+def config_comments() -> dict[str, str]:
+    """config/lifeguard.yaml: each top-level key's comment, the lines just above it (after a blank line or a
+    `# ---` section line), as one line of prose; indented YAML examples in it are left out."""
+    found: dict[str, str] = {}
+    block: list[str] = []
+    for line in (ROOT / "config" / "lifeguard.yaml").read_text().splitlines():
+        if line.startswith("#"):
+            text = line[1:]
+            if text.strip().startswith("---") or "yaml-language-server:" in text:
+                block = []
+            elif not (text.startswith("   ") and _YAML_EXAMPLE.match(text)):
+                block.append(text.strip())
+            continue
+        key = re.match(r"^(\w+):", line)
+        if key is not None:
+            found[key.group(1)] = " ".join(block)
+        block = []
+    return {key: re.sub(r"\s+", " ", text).strip() for key, text in found.items()}

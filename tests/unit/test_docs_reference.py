@@ -38,6 +38,21 @@ def test_every_setting_has_a_description() -> None:
         assert not bare, f"{model.__name__} fields without Field(description=...): {bare}"
 
 
+def test_config_lifeguard_yaml_comments_each_setting_with_its_description() -> None:
+    """One wording: the file's comment above each key is the field's description (examples in it aside)."""
+    from proxy.config import Settings
+
+    comments = reference.facts.config_comments()
+    differ = {
+        name: (comments.get(name), " ".join((field.description or "").split()))
+        for name, field in Settings.model_fields.items()
+        if comments.get(name) != " ".join((field.description or "").split())
+    }
+    assert not differ, "config/lifeguard.yaml comment != Field(description=...) (file, code):\n" + "\n".join(
+        f"{name}:\n  {pair[0]}\n  {pair[1]}" for name, pair in differ.items()
+    )
+
+
 def test_every_reason_says_what_it_means_and_what_to_do() -> None:
     from proxy.errors import LifeguardError
 
