@@ -20,6 +20,8 @@ from types import ModuleType
 
 import pytest
 
+from proxy.front.route_table import RouteTable, build_table
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,6 +52,8 @@ BARE_MD_RE = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 METRIC_RE = re.compile(r"(?<![\w/.~-])(lifeguard_[a-z_]+)")
 HEADER_RE = re.compile(r"X-Lifeguard-[A-Za-z][A-Za-z-]*[A-Za-z]")
 OWN_ROUTE_RE = re.compile(r"(?<![\w/.~-])(/lifeguard/[\w/-]*\w)")
+# A request as the docs write one: `POST /sleep`, `GET /engines/policy/lifeguard/state`.
+REQUEST_RE = re.compile(r"\b(GET|POST|PUT|DELETE|PATCH|HEAD) (/[\w/{}<>.*-]*[\w}>*])")
 ENV_RE = re.compile(r"(?<![\w$])((?:LIFEGUARD|CHAOS|BENCH)_[A-Z0-9_]*[A-Z0-9])\b")
 MAKE_RE = re.compile(r"`make ([a-z][\w-]*)")
 EVENT_RE = re.compile(r"\bevent=(\w+)")
@@ -121,6 +125,16 @@ def _env_names() -> frozenset[str]:
 
 
 @cache
+def _table() -> RouteTable:
+    return build_table()
+
+
+@cache
+def _simulator_text() -> str:
+    return "\n".join(path.read_text() for path in sorted((ROOT / "lifeguard_sim").rglob("*.py")))
+
+
+@cache
 def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
     found: dict[tuple[str, str], tuple[str, ...]] = {}
     for fact in facts.metrics():
@@ -178,6 +192,12 @@ def check_line(rel: str, line: str) -> Iterator[str]:
         route = match.group(1)
         if route not in own and not _gone(line, match.end()):
             yield f"route {route} is not one of the proxy's own ({', '.join(sorted(own))})"
+    for match in REQUEST_RE.finditer(line):
+        method, path = match.group(1), re.sub(r"^/engines/[^/]+", "", match.group(2)) or "/"
+        if path.startswith("/lifeguard") or _gone(line, match.end()):
+            continue  # the proxy's own: checked above
+        if _table().lookup(method, path) is None and path not in _simulator_text():
+            yield f"route {method} {path} is in no route table (vLLM's, a trainer's) nor the simulator's"
     for match in ENV_RE.finditer(line):
         if match.group(1) not in _env_names() and not _gone(line, match.end()):
             yield f"environment variable {match.group(1)} is read nowhere"
@@ -361,6 +381,7 @@ def test_the_docs_name_only_what_the_code_has() -> None:
         ('lifeguard_request_duration_seconds_count{route_class="lifeguard"}', "never takes the value 'lifeguard'"),
         ("`/lifeguard/nope`", "route /lifeguard/nope is not one of the proxy's own"),
         ("`make gpu-check`", "make target gpu-check has no rule"),
+        ("then `POST /sleep_now`", "route POST /sleep_now is in no route table"),
         ("`LIFEGUARD_NOPE_S`", "environment variable LIFEGUARD_NOPE_S is read nowhere"),
         ("tests/unit/test_gate.py::test_nope", "test tests/unit/test_gate.py::test_nope does not exist"),
     ],
