@@ -4,6 +4,7 @@ client's request has (tests/conftest.py applies it): shared by every test direct
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
@@ -65,3 +66,26 @@ class LifeguardServer(BaseTestServer):
 
 #: `await serve_lifeguard(settings)` (tests/conftest.py): the proxy listening, and a client for it.
 ServeLifeguard = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+async def stream_under_way(
+    counted: Awaitable[object], first_token: asyncio.Event, *, load: str, detail: Callable[[], str] | None = None
+) -> None:
+    """A long stream has reached the engine: its first token came (`first_token` is set), or the engine's GET /load
+    counts it (`counted` returns; then the first token gets a second more). An engine short of CPU can deliver the
+    first token when the stream is nearly done (seen: all of it at once), and a pause, sleep or kill sent only then
+    finds it finished (a rehearsal: finish_reason 'length', not 'abort'). `load` names the /load read in a
+    failure, `detail()` (what the stream saw by then) follows it."""
+    counted_task = asyncio.ensure_future(counted)
+    started = asyncio.ensure_future(first_token.wait())
+    try:
+        done, _ = await asyncio.wait({counted_task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, f"the stream reached neither {load} nor the client in 30 s" + (f": {detail()}" if detail else "")
+        if started not in done:
+            counted_task.result()  # a failed /load read fails here
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(started, 1.0)
+    finally:
+        for task in (counted_task, started):
+            task.cancel()
+        await asyncio.gather(counted_task, started, return_exceptions=True)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
+from lifeguard_testing import stream_under_way
 
 from conformance.api import StreamResult, VllmApi, eventually, settled_chunks, still_pending
 
@@ -18,23 +18,8 @@ async def _engine_holds_one(vllm: VllmApi) -> None:
 
 
 async def _under_way(vllm: VllmApi, result: StreamResult) -> None:
-    """The long stream has reached the engine: its first token came, or GET /load counts it (then the first token
-    gets a second more). A real vLLM short of CPU can deliver the first token when the stream is nearly done (seen
-    here: all of it at once), and a pause or sleep sent only then found nothing left to end (a rehearsal:
-    finish_reason 'length', not 'abort')."""
-    counted = asyncio.ensure_future(_engine_holds_one(vllm))
-    started = asyncio.ensure_future(result.first_text.wait())
-    try:
-        done, _ = await asyncio.wait({counted, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        assert done, "the stream reached neither GET /load nor the client in 30 s"
-        if started not in done:
-            counted.result()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(started, 1.0)
-    finally:
-        for task in (counted, started):
-            task.cancel()
-        await asyncio.gather(counted, started, return_exceptions=True)
+    """The long stream has reached the engine (lifeguard_testing.stream_under_way)."""
+    await stream_under_way(_engine_holds_one(vllm), result.first_text, load="GET /load")
 
 
 async def test_request_sent_while_asleep_is_held_until_wake(vllm: VllmApi) -> None:
