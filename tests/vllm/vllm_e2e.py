@@ -181,6 +181,25 @@ async def under_way(s: aiohttp.ClientSession, vllm: str, stream: StreamReader) -
     await stream_under_way(counted, stream.started, load="vLLM's /load", detail=stream.timing)
 
 
+#: The rollout of the trainer-client tests (test_vllm_clients.py, test_vllm_skyrl_0_4.py): greedy, so that an answer
+#: through the proxy compares with vLLM's own.
+PROMPT_IDS = [1, 45, 74]
+GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 0}
+
+
+def skyrl_client(skyrl: Any, url: str) -> Any:
+    """SkyRL's `RemoteInferenceClient` (from the module `skyrl`) for the one server at `url`."""
+    return skyrl.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1, model_name=MODEL)
+
+
+async def skyrl_rollout(engine_client: Any, max_tokens: int = 8) -> dict[str, Any]:
+    """A greedy rollout of PROMPT_IDS through SkyRL's `generate`, all `max_tokens` of it."""
+    batch = {"prompt_token_ids": [PROMPT_IDS], "sampling_params": {**GREEDY, "max_tokens": max_tokens}}
+    output = await engine_client.generate(batch)
+    assert len(output["response_ids"][0]) == max_tokens, output
+    return dict(output)
+
+
 class StreamReader:
     """Reads an OpenAI SSE stream with aiohttp, recording every data event as it arrives."""
 
