@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 from lifeguard_testing import LifeguardServer, ServeLifeguard
 
@@ -99,6 +100,16 @@ class Stack(ProxyState):
     def completion(self, prompt: str = "hello", max_tokens: int = 4, **extra: Any) -> Awaitable[Any]:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
         return self.client.post("/v1/completions", json=body)
+
+    def completion_in_background(self, **extra: Any) -> asyncio.Task[ClientResponse]:
+        """`completion(**extra)` as a task, which ends once the whole answer is read."""
+
+        async def post() -> ClientResponse:
+            resp: ClientResponse = await self.completion(**extra)
+            await resp.read()
+            return resp
+
+        return asyncio.ensure_future(post())
 
     def faults(self, *specs: str) -> None:
         self.sim.set_faults(list(specs))
