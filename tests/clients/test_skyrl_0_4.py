@@ -128,6 +128,31 @@ async def in_trainer(stack: ProcessStack, flow: Coroutine[Any, Any, Any], timeou
         ) from None
 
 
+async def weight_sync(stack: ProcessStack, dispatch: Any, engine_client: Any) -> None:
+    """One `save_weights_for_sampler` of SkyRL's driver, in the trainer (in_trainer)."""
+
+    async def step() -> None:
+        async with engine_client:
+            await dispatch.save_weights_for_sampler()
+
+    await in_trainer(stack, step())
+
+
+async def failing_weight_sync(stack: ProcessStack, dispatch: Any, engine_client: Any) -> BaseException | None:
+    """`weight_sync` where the step fails, as it must (SkyRL's trainer stops on it): what it raised, or None."""
+
+    async def step() -> BaseException | None:
+        async with engine_client:
+            try:
+                await dispatch.save_weights_for_sampler()
+            except Exception as exc:
+                return exc
+        return None
+
+    failed: BaseException | None = await in_trainer(stack, step())
+    return failed
+
+
 def dispatch_for(side: Any, skyrl: Any, stack: ProcessStack, cfg: Any, engine: Any) -> tuple[Any, Any]:
     from clients.skyrl_trainer import PolicyActorGroup
 
@@ -183,11 +208,7 @@ async def test_colocated_rollout_sent_mid_sync_is_held_until_the_kv_cache_wakes(
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=True, backend="ipc"), engine)
     dispatch.mark_all_offloaded()
 
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
-
-    trainer = asyncio.ensure_future(in_trainer(stack, step()))
+    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
     await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
     async with remote_client(skyrl, stack) as generator:
         held = asyncio.ensure_future(rollout(generator))
@@ -215,11 +236,7 @@ async def test_non_colocated_fully_async_offload_freezes_rollouts_and_resumes_th
         in_flight = asyncio.ensure_future(rollout(generator, max_tokens=400))  # frozen by the keep pause
         await stack.wait_sim(lambda s: s["running"] == 1, "the rollout to run")
 
-        async def step() -> None:
-            async with engine_client:
-                await dispatch.save_weights_for_sampler()
-
-        trainer = asyncio.ensure_future(in_trainer(stack, step()))
+        trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
         await stack.wait_for(lambda s: s.get("asleep_outside_vllm"), "the worker to free the engine's memory")
         late = asyncio.ensure_future(rollout(generator))
         await stack.wait_for(lambda s: s["held_requests"] == 1, "the new rollout to be held")
@@ -249,15 +266,7 @@ async def test_a_failed_offload_sync_is_not_resumed_onto_the_freed_kv_cache(
     engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
     dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:  # the step fails, as it must: SkyRL's trainer stops on it
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 409, failed
     assert "skyrl_wake_for_weight_sync" in failed.message
     state = await stack.proxy_state()
@@ -299,11 +308,7 @@ async def test_non_colocated_pause_push_with_drafter_resume_holds_a_rollout_unti
     engine = side.engine("nccl", sync_client, NAMES, draft=DRAFT, sim_url=stack.sim_url)
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
 
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
-
-    trainer = asyncio.ensure_future(in_trainer(stack, step()))
+    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
     await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
     async with remote_client(skyrl, stack) as generator:
         held = asyncio.ensure_future(rollout(generator))
@@ -396,15 +401,7 @@ async def test_fp8_kv_cache_nan_after_a_level_2_wake_is_caught_by_the_canary_not
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=True, backend="ipc"), engine)
     dispatch.mark_all_offloaded()
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 503, failed
     assert "canary" in failed.message and "non-finite logprob" in failed.message, failed.message
     state = await stack.proxy_state()
@@ -429,15 +426,7 @@ async def test_fp8_kv_cache_nan_after_the_worker_sleep_is_caught_at_the_resume(
     engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
     dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 503, failed
     assert "resume" in failed.message and "non-finite logprob" in failed.message, failed.message
     state = await stack.proxy_state()
@@ -458,16 +447,12 @@ async def test_a_rollout_after_the_fully_async_sync_never_reuses_the_old_weights
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
     shared = [[1, *range(40, 88)]]  # three of the simulator's 16-token blocks: a system prompt, say
 
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
-
     async with remote_client(skyrl, stack) as generator:
         params = {"max_tokens": 6, "logprobs": 0}
         await generator.generate({"prompt_token_ids": shared, "sampling_params": params})
         kept = asyncio.ensure_future(rollout(generator, max_tokens=3000))
         await stack.wait_sim(lambda s: s["running"] >= 1, "the long rollout to run")
-        await in_trainer(stack, step())
+        await weight_sync(stack, dispatch, engine_client)
         state = await stack.proxy_state()
         assert state["prefix_cache"]["partitioned"], state  # SkyRL sent no reset; the proxy's could not succeed
         after = await generator.generate({"prompt_token_ids": shared, "sampling_params": params})
