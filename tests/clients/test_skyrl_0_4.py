@@ -128,6 +128,16 @@ async def in_trainer(stack: ProcessStack, flow: Coroutine[Any, Any, Any], timeou
         ) from None
 
 
+def nccl_driver(side: Any, skyrl: Any, stack: ProcessStack, **cfg: Any) -> tuple[Any, Any]:
+    """SkyRL's non-colocated driver over NCCL, no drafter (`config(colocate_all=False, backend="nccl", **cfg)`):
+    its dispatch and its engine client."""
+    from clients.skyrl_trainer import config
+
+    sync_client = weight_sync_client(side, stack)
+    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
+    return dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl", **cfg), engine)
+
+
 async def weight_sync(stack: ProcessStack, dispatch: Any, engine_client: Any) -> None:
     """One `save_weights_for_sampler` of SkyRL's driver, in the trainer (in_trainer)."""
 
@@ -258,13 +268,9 @@ async def test_a_failed_offload_sync_is_not_resumed_onto_the_freed_kv_cache(
     """The send fails after the weights woke: SkyRL skips the KV cache's wake and resumes in its `finally`. vLLM
     would schedule the frozen requests on the freed KV pool (an illegal memory access on a GPU); the proxy
     refuses the /resume and keeps them frozen."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack("--fault", "start_weight_update:error500@1")
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=True)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=True)
 
     failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 409, failed
@@ -278,13 +284,9 @@ async def test_a_failed_offload_sync_is_not_resumed_onto_the_freed_kv_cache(
 async def test_non_colocated_synchronous_offload_sleeps_and_wakes_through_vllm(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
 
     stack = await make_stack()
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=False)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=False)
 
     async def step() -> dict[str, Any]:
         async with engine_client:
@@ -418,13 +420,9 @@ async def test_fp8_kv_cache_nan_after_the_worker_sleep_is_caught_at_the_resume(
 ) -> None:
     """The same loss through SkyRL's worker sleep (the weights discarded, `post_kv_cache_wake_up` on the KV
     cache's wake): the canary cannot run while paused, so it runs at the /resume."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack("--fp8-kv-cache")
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=True)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=True)
 
     failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 503, failed
@@ -439,12 +437,9 @@ async def test_a_rollout_after_the_fully_async_sync_never_reuses_the_old_weights
     """SkyRL's NCCL flow pauses with keep and sends no reset: a rollout kept across the sync holds KV blocks, so a
     reset could not succeed anyway (docs/verification.md, class 21). A rollout sharing a long prompt with one served
     before the sync must not be computed on the old weights' blocks (the simulator records any that is)."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack(drafter=False)
-    sync_client = weight_sync_client(side, stack)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack)
     shared = [[1, *range(40, 88)]]  # three of the simulator's 16-token blocks: a system prompt, say
 
     async with remote_client(skyrl, stack) as generator:
