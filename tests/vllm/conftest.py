@@ -232,24 +232,24 @@ def proxy(start_proxy: Callable[..., Proxy]) -> Proxy:
     return start_proxy()
 
 
+def _sdk(url: str) -> AsyncOpenAI:
+    """The openai SDK pointed at `url` (no retries: a retry would hide what the proxy did); closed on leaving
+    `async with`."""
+    return AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
 @pytest.fixture
 async def oai(proxy: Proxy) -> AsyncIterator[AsyncOpenAI]:
-    """The openai SDK pointed at the proxy (no retries: a retry would hide what the proxy did)."""
-    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
+    """The openai SDK pointed at the proxy."""
+    async with _sdk(proxy.url) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
 async def oai_direct(vllm_server: Any) -> AsyncIterator[AsyncOpenAI]:
     """The openai SDK pointed at vLLM directly."""
-    client = AsyncOpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
+    async with _sdk(vllm_server.url) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
