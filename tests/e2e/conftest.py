@@ -120,6 +120,17 @@ class Stack(ProxyState):
         return int(counters.get(op, 0)) - (self.generate_baseline if op == "generate" else 0)
 
 
+def held_until(release: asyncio.Event, call: Callable[..., Awaitable[Any]], timeout: float = 10.0) -> Any:
+    """`call` (a simulator engine's method) that first waits for `release`, at most `timeout` s: as in
+    `engine.wake_up = held_until(release, engine.wake_up)`, to see the proxy while the call is under way."""
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.wait_for(release.wait(), timeout)
+        return await call(*args, **kwargs)
+
+    return held
+
+
 async def raw_exchange(stack: Stack, data: bytes, *, read_for: float = 2.0, half_close: bool = False) -> bytes:
     """Send `data` as is on a fresh connection; everything the proxy answers until it closes or `read_for` s pass."""
     server = stack.client.server
