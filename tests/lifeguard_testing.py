@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -89,3 +91,17 @@ async def stream_under_way(
         for task in (counted_task, started):
             task.cancel()
         await asyncio.gather(counted_task, started, return_exceptions=True)
+
+
+def stop_process_group(process: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a process started in a session of its own (its process group), SIGKILL after `timeout` s."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)

@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -76,15 +75,10 @@ class Proc:
             return "(no log)"
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` stops nothing.
+        from lifeguard_testing import stop_process_group
+
+        stop_process_group(self.popen, timeout)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from lifeguard_testing import missing
+from lifeguard_testing import missing, stop_process_group
 from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
@@ -194,15 +194,7 @@ class Proxy:
         """SIGTERM the proxy's process group, SIGKILL after ``timeout``."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_process_group(self.proc, timeout)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
