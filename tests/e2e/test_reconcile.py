@@ -23,6 +23,13 @@ async def _engine(stack: Stack, aiohttp_client: Any) -> TestClient:
     return client
 
 
+async def _sleep_is_forwarded(stack: Stack) -> None:
+    """A /sleep now is forwarded, not answered from belief: the engine really sleeps."""
+    resp = await stack.client.post("/sleep?level=1")
+    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
+    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+
+
 async def test_a_sleep_called_behind_our_back_is_adopted_as_drift_and_recorded(make_stack, aiohttp_client):
     stack = await make_stack()
     engine = await _engine(stack, aiohttp_client)
@@ -74,9 +81,7 @@ async def test_a_sleep_gauge_left_by_a_lying_sleep_does_not_turn_a_later_pause_i
 
     snapshot = await stack.state()
     assert snapshot["state"] == "PAUSED" and snapshot["drift_events"] == [], snapshot
-    resp = await stack.client.post("/sleep?level=1")  # really forwarded: the engine really sleeps
-    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
-    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+    await _sleep_is_forwarded(stack)
 
 
 async def test_a_stale_sleep_gauge_does_not_turn_a_failed_call_on_a_paused_engine_into_a_sleep(make_stack):
@@ -89,9 +94,7 @@ async def test_a_stale_sleep_gauge_does_not_turn_a_failed_call_on_a_paused_engin
     assert (await stack.client.post("/resume")).status == 503
 
     assert (await stack.state())["state"] == "PAUSED"
-    resp = await stack.client.post("/sleep?level=1")
-    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
-    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+    await _sleep_is_forwarded(stack)
 
 
 async def test_a_slow_pause_is_never_mistaken_for_drift(make_stack):
