@@ -446,6 +446,19 @@ def table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def assert_serving_takes_the_sleeper_out(baseline: dict[str, Any], serving: dict[str, Any], interval_s: float) -> None:
+    """The two runs' verdict. Both answered everything (a lifeguard holds, never drops). Checked on /health
+    (`baseline`), the sleeping engine keeps its share, held until the wake; on /lifeguard/serving (`serving`) it is
+    out at the router's next check, nothing is held after it, and requests sent once the router could know are
+    answered without waiting for the wake."""
+    assert baseline["held_after_interval"] > 0, baseline
+    for run in (baseline, serving):
+        assert run["lost"] == 0 and run["non_200"] == 0 and run["ok"] == run["sent"], run
+    assert serving["held_after_interval"] == 0, serving
+    assert serving["last_hold_s"] is None or serving["last_hold_s"] <= interval_s + serving["grace_s"], serving
+    assert serving["late_p99_ms"] < baseline["late_p99_ms"], (serving, baseline)
+
+
 def write_report(runs: list[dict[str, Any]], title: str) -> None:
     """Print the table; with LIFEGUARD_FLEET_REPORT set, also append the runs there as one JSON line."""
     print(f"\n{title}\n{table(runs)}\n", file=sys.stderr)
