@@ -35,6 +35,16 @@ async def _metric(stack: Stack, line: str) -> bool:
     return line in await (await stack.client.get("/lifeguard/metrics")).text()
 
 
+async def _weight_update(stack: Stack) -> None:
+    """A whole weight update through the proxy: start, one update, finish; each answered 200."""
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"names": ["w"]}}),
+        ("/finish_weight_update", {}),
+    ):
+        assert (await stack.client.post(path, json=body)).status == 200, path
+
+
 async def _held_then_dropped(stack: Stack) -> None:
     generated = stack.sim_count("generate")
     task = stack.completion_in_background()
@@ -89,12 +99,7 @@ async def test_a_reset_through_reset_weights_is_held_until_a_weight_update_sessi
     task = stack.completion_in_background()
     await stack.wait_held(1)
 
-    for path, body in (
-        ("/start_weight_update", {}),
-        ("/update_weights", {"update_info": {"names": ["w"]}}),
-        ("/finish_weight_update", {}),
-    ):
-        assert (await stack.client.post(path, json=body)).status == 200, path
+    await _weight_update(stack)
 
     assert (await task).status == 200
     assert (await stack.state())["weights_stale"] is False
@@ -203,11 +208,6 @@ async def test_an_update_session_that_changed_no_tensor_is_reported_not_failed(m
     last = (await stack.state())["weight_checksums"]["last_check"]
     assert last["result"] == "pass" and "changed none of the 8 tensors" in last["detail"]
 
-    for path, body in (
-        ("/start_weight_update", {}),
-        ("/update_weights", {"update_info": {"names": ["w"]}}),
-        ("/finish_weight_update", {}),
-    ):
-        assert (await stack.client.post(path, json=body)).status == 200, path
+    await _weight_update(stack)
     assert await _metric(stack, 'lifeguard_weight_updates_unchanged_total{engine="default"} 1.0')
     assert (await stack.state())["weight_checksums"]["last_check"]["detail"] == "new baseline taken"
