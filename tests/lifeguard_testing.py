@@ -28,6 +28,14 @@ def missing(component: str) -> NoReturn:
     pytest.skip(f"{component} (outside CI only: CI=true fails here)")
 
 
+def without_lifeguard_env(monkeypatch: pytest.MonkeyPatch, *, keep: frozenset[str] = frozenset()) -> None:
+    """Unset every LIFEGUARD_* variable but those in `keep`: a developer's own would otherwise win over what the
+    test sets up (the config file, the settings it passes) and mask a mismatch."""
+    for name in list(os.environ):
+        if name.upper().startswith("LIFEGUARD_") and name not in keep:
+            monkeypatch.delenv(name)
+
+
 #: The deadline of every request a test client sends unless the test sets its own: well inside pytest's 120 s.
 CLIENT_TIMEOUT_S = 60.0
 

@@ -8,7 +8,6 @@ simulator's `/sim/state` must show no violation: the engine never saw a request 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer
+from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer, without_lifeguard_env
 
 from clients.reads import StackReads
 from clients.stand_ins import modules_restored
@@ -44,9 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("LIFEGUARD_") and name != "LIFEGUARD_CLIENTS_SITE":
-            monkeypatch.delenv(name)
+    without_lifeguard_env(monkeypatch, keep=frozenset({"LIFEGUARD_CLIENTS_SITE"}))
 
 
 @pytest.fixture(autouse=True)
