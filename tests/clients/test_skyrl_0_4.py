@@ -128,6 +128,22 @@ async def in_trainer(stack: ProcessStack, flow: Coroutine[Any, Any, Any], timeou
         ) from None
 
 
+async def rollout_held_during_the_push(
+    skyrl: Any, stack: ProcessStack, dispatch: Any, engine_client: Any, *, held_past_the_sync: bool = False
+) -> None:
+    """A weight sync in the trainer and a rollout sent once its push is under way: the rollout is held, then
+    answered (`held_past_the_sync`: still unanswered when the sync has returned)."""
+    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
+    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
+    async with remote_client(skyrl, stack) as generator:
+        held = asyncio.ensure_future(rollout(generator))
+        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
+        await trainer
+        if held_past_the_sync:
+            assert not held.done()
+        await asyncio.wait_for(held, timeout=10)
+
+
 def nccl_driver(side: Any, skyrl: Any, stack: ProcessStack, **cfg: Any) -> tuple[Any, Any]:
     """SkyRL's non-colocated driver over NCCL, no drafter (`config(colocate_all=False, backend="nccl", **cfg)`):
     its dispatch and its engine client."""
@@ -218,14 +234,7 @@ async def test_colocated_rollout_sent_mid_sync_is_held_until_the_kv_cache_wakes(
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=True, backend="ipc"), engine)
     dispatch.mark_all_offloaded()
 
-    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
-    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
-    async with remote_client(skyrl, stack) as generator:
-        held = asyncio.ensure_future(rollout(generator))
-        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
-        await trainer
-        assert not held.done()
-        await asyncio.wait_for(held, timeout=10)
+    await rollout_held_during_the_push(skyrl, stack, dispatch, engine_client, held_past_the_sync=True)
     await stack.assert_clean()  # and the engine never saw it before it was awake
 
 
@@ -310,13 +319,7 @@ async def test_non_colocated_pause_push_with_drafter_resume_holds_a_rollout_unti
     engine = side.engine("nccl", sync_client, NAMES, draft=DRAFT, sim_url=stack.sim_url)
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
 
-    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
-    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
-    async with remote_client(skyrl, stack) as generator:
-        held = asyncio.ensure_future(rollout(generator))
-        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
-        await trainer
-        await asyncio.wait_for(held, timeout=10)
+    await rollout_held_during_the_push(skyrl, stack, dispatch, engine_client)
     assert calls.paths() == [
         "/start_weight_update",
         "/update_weights",
