@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import aiohttp
@@ -99,6 +100,24 @@ async def stream_under_way(
         for task in (counted_task, started):
             task.cancel()
         await asyncio.gather(counted_task, started, return_exceptions=True)
+
+
+def start_process_group(
+    argv: list[str], log_path: Path, env: dict[str, str], *, header: str
+) -> subprocess.Popen[bytes]:
+    """`argv` in a session of its own (its process group: stop_process_group stops exactly what it started), with
+    `env` over this process's environment, no stdin, its output appended to `log_path` after the line `header`."""
+    with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        log.write(f"{header}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
 
 
 def stop_process_group(process: subprocess.Popen[Any], timeout: float) -> None:

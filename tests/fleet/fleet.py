@@ -26,7 +26,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,17 +52,10 @@ class Proc:
     def __init__(self, name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
-        with open(self.log_path, "ab") as log:
-            log.write(f"==== {' '.join(argv)}\n".encode())
-            log.flush()
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-            )
+        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` starts nothing.
+        from lifeguard_testing import start_process_group
+
+        self.popen = start_process_group(argv, self.log_path, env or {}, header=f"==== {' '.join(argv)}")
 
     def alive(self) -> bool:
         return self.popen.poll() is None

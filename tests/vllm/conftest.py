@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from lifeguard_testing import missing, stop_process_group
+from lifeguard_testing import missing, start_process_group, stop_process_group
 from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
@@ -161,17 +161,9 @@ class Proxy:
             *self.extra_args,
         ]
         t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n==== start {' '.join(cmd)} env={self.env}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-                start_new_session=True,
-            )
+        self.proc = start_process_group(
+            cmd, self.log_path, self.env, header=f"\n==== start {' '.join(cmd)} env={self.env}"
+        )
         deadline = t0 + timeout
         last: Any = None
         while True:
