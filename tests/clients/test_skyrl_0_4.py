@@ -31,6 +31,15 @@ SKYRL_SIM = ("--trainer-server", "skyrl", "--enable-scale-out", "--enable-lora")
 MODEL = "tiny"
 NAMES = [f"model.layers.{i}.mlp.weight" for i in range(5)]
 DRAFT = ["mtp.layers.0.weight"]
+# A push with a drafter, as SkyRL's weight-sync client sends it: the target model's session, then the drafter's.
+DRAFTED_PUSH = [
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/start_draft_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+]
 TRAINER_DEADLINE_S = 60.0
 
 
@@ -320,14 +329,7 @@ async def test_non_colocated_pause_push_with_drafter_resume_holds_a_rollout_unti
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
 
     await rollout_held_during_the_push(skyrl, stack, dispatch, engine_client)
-    assert calls.paths() == [
-        "/start_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/start_draft_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-    ]
+    assert calls.paths() == DRAFTED_PUSH
     calls.assert_all_closed_and_answered()
     await stack.assert_clean()
 
@@ -364,12 +366,7 @@ async def test_delta_fetches_while_rollouts_run_then_reloads_model_and_drafter_i
         "/fetch_weights",
         "/pause",
         "/reset_prefix_cache",
-        "/start_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/start_draft_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
+        *DRAFTED_PUSH,
         "/resume",
     ]
     calls.assert_all_closed_and_answered()
