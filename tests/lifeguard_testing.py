@@ -54,7 +54,7 @@ class LifeguardServer(BaseTestServer):
 
     @property
     def started(self) -> bool:
-        return self.lifeguard.fleet is not None
+        return self.lifeguard.engine_set is not None
 
     async def close(self) -> None:
         if self.started and not self.closed:

@@ -1,16 +1,9 @@
 """A keep-alive pool of raw HTTP/1.1 connections to one origin, responses framed by llhttp (httptools).
 
-One pool per engine (proxy/engine.py). A connection carries one exchange at a time; the exchange (a
-`ResponseSink`, proxy/front/exchange.py) writes its request on `transport` and gets the response as callbacks,
-then hands the connection back with `release()` or drops it with `close()`. Nothing here creates a task per
-request: a pooled connection is handed over synchronously; only opening a new one runs a coroutine. An
-exception an exchange's callback raises is a bug of ours: the exchange hears of it (`crashed`), never as
-an unreadable or broken response.
-
-Idle connections are reused newest first and never once older than `keepalive_s` (uvicorn, under vLLM,
-closes idle sockets after 5 s: reusing one it is closing is a reset with the request lost). Beyond
-`max_connections` open connections, exchanges wait in arrival order for one to come back (a burst of
-released held requests would overflow vLLM's accept queue otherwise).
+One pool per engine. A connection carries one exchange at a time: the exchange (a `ResponseSink`) writes its request
+and gets the response as callbacks, then `release()`s or `close()`s the connection; no task per request. Idle
+connections are reused newest first, never older than `keepalive_s` (uvicorn closes idle sockets after 5 s), and
+at most `max_connections` are open, the rest waiting in arrival order. docs/design.md.
 """
 
 from __future__ import annotations
