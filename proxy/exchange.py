@@ -154,6 +154,8 @@ class Forward(Answering):
         "_status",
         "_headers",
         "_probe",
+        "_reading",
+        "_out",
     )
 
     def __init__(
@@ -186,6 +188,10 @@ class Forward(Answering):
         self._headers: list[tuple[bytes, bytes]] = []
         # An inference stream's head and first bytes, kept back until they show it is not vLLM's refusal.
         self._probe: list[bytes] | None = None
+        # While llhttp parses one read of vLLM's (begin_read .. end_read), what it yields for the client is gathered
+        # here and written once at its end: one system call per read, not one per event (docs/performance.md).
+        self._reading = False
+        self._out: list[bytes] = []
 
     def start(self) -> None:
         if self._ticket is not None:
@@ -234,6 +240,34 @@ class Forward(Answering):
         self._finish("upstream_unreachable")
 
     # ----- response sink
+    def begin_read(self) -> None:
+        self._reading = True
+
+    def end_read(self) -> None:
+        self._reading = False
+        out = self._out
+        if out:
+            self.client.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    def _send(self, data: bytes) -> None:
+        if self._reading:
+            self._out.append(data)
+        else:
+            self.client.transport.write(data)
+
+    def _send_last(self, data: bytes) -> None:
+        """The exchange's last bytes, with what this read gathered, written now: the client connection's next
+        answer may follow at once."""
+        self._reading = False
+        out = self._out
+        if out:
+            out.append(data)
+            data = b"".join(out)
+            out.clear()
+        if data:
+            self.client.transport.write(data)
+
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self._engine.metrics.upstream_latency(time.monotonic() - self._sent_at)
         lines = [b"HTTP/1.1 %d %b" % (status, reason)]
@@ -277,7 +311,7 @@ class Forward(Answering):
         elif self._may_refuse() and self._sse and status == 200:
             self._probe = [head, b""]
         else:
-            self.client.transport.write(head)
+            self._send(head)
             self.head_sent = True
 
     def _may_refuse(self) -> bool:
@@ -301,19 +335,25 @@ class Forward(Answering):
         self._write_body(data)
 
     def _flush_probe(self) -> None:
-        """The stream is not a refusal: its head and what was kept back go out."""
+        """The stream is not a refusal: its head and what was kept back go out, together."""
         assert self._probe is not None
         head, kept = self._probe
         self._probe = None
-        self.client.transport.write(head)
         self.head_sent = True
-        self._write_body(kept)
+        if kept and self._framing:
+            head += chunk(kept) if self._framing == b"chunked" else kept
+        self._send(head)
 
     def _write_body(self, data: bytes) -> None:
         if self._framing == b"chunked":
-            if data:
-                self.client.transport.write(chunk(data))
-        elif self._framing:
+            if not data:
+                return
+            data = chunk(data)
+        elif not self._framing:
+            return
+        if self._reading:
+            self._out.append(data)
+        else:
             self.client.transport.write(data)
 
     def response_end(self) -> None:
@@ -329,11 +369,11 @@ class Forward(Answering):
             line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
             if line is not None:  # a header line the answer's reader adds, before the head's blank line
                 self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
-            self.client.transport.write(b"".join(self._buffer))
+            self._send_last(b"".join(self._buffer))
             self._buffer = None
             self.head_sent = True
-        elif self._framing == b"chunked":
-            self.client.transport.write(END_CHUNKS)
+        else:
+            self._send_last(END_CHUNKS if self._framing == b"chunked" else b"")
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.release()
@@ -366,6 +406,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None:  # what was kept back goes out before the error event that ends it
             self._flush_probe()
+        self._send_last(b"")
         if not self.head_sent:
             self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
             self._finish("upstream_unreachable")
@@ -380,6 +421,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None and not self.finished:
             self._flush_probe()
+        self._send_last(b"")
         if not self.finished:
             self._end_with(error)
             self._finish(outcome)
@@ -397,6 +439,7 @@ class Forward(Answering):
                 self.conn.pause_reading()
 
     def client_gone(self) -> None:
+        self._out.clear()
         if not self.finished:
             self._drop_upstream()
             self._finish("client_gone", notify=False)

@@ -32,7 +32,12 @@ Connector = Callable[[Callable[[], "UpstreamConnection"]], Awaitable[Connection]
 
 
 class ResponseSink(Protocol):
-    """The exchange a connection is lent to: told about the response as llhttp reads it."""
+    """The exchange a connection is lent to: told about the response as llhttp reads it, each read of the
+    connection's between `begin_read` and `end_read` (what one read yields for the client goes out in one write)."""
+
+    def begin_read(self) -> None: ...
+
+    def end_read(self) -> None: ...
 
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -142,6 +147,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         sink = self._sink
+        sink.begin_read()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -150,6 +156,12 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.close()
             sink.upstream_lost(f"unreadable response: {exc}")
+        try:
+            sink.end_read()  # the sink's, even once the response ended in this read and the connection was lent on
+        except Exception as exc:
+            if self._sink is sink:
+                self.close()
+            sink.crashed("upstream", exc)
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; connection_lost follows

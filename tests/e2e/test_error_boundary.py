@@ -94,13 +94,22 @@ async def test_a_bug_on_the_way_to_vllm_or_back_is_503_proxy_error_and_the_proxy
     assert (await stack.state())["inflight_requests"] == 0  # the ticket was given back
 
 
+@pytest.mark.parametrize(
+    ("name", "after"),
+    [
+        ("response_body", 2),  # an event of the stream
+        ("end_read", 0),  # the write of what vLLM's first read brought
+    ],
+)
 async def test_a_bug_mid_stream_ends_the_stream_with_the_error_event(
     make_stack: Callable[..., Awaitable[Stack]],
     monkeypatch: pytest.MonkeyPatch,
     bugs: Callable[[], list[logging.LogRecord]],
+    name: str,
+    after: int,
 ) -> None:
     stack = await make_stack()
-    raise_once(exchange.Forward, "response_body", monkeypatch, after=2)
+    raise_once(exchange.Forward, name, monkeypatch, after=after)
     resp = await stack.client.post("/v1/completions", json={**COMPLETION, "max_tokens": 8, "stream": True})
     assert resp.status == 200  # sent before the bug
     events = [line for line in (await resp.text()).split("\n\n") if line.startswith("data: ")]
