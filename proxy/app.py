@@ -1,5 +1,5 @@
 """`Lifeguard`: one running proxy: its engines (proxy/engine.py), what stands above them, and the front on
-its listening socket (proxy/front.py). No globals: tests build as many as they like.
+its listening socket (proxy/front/front.py). No globals: tests build as many as they like.
 
 Start: the engines (each starts finding out what its vLLM is), then the socket. Shutdown: the socket stops
 accepting; every engine answers its held requests 503 `shutting_down` and refuses new ones; exchanges in
@@ -16,19 +16,19 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from . import __version__
-from .arbiter import Arbiter
 from .config import Settings
 from .engine import Engine
-from .fleet import Fleet
-from .front import Front
-from .gpu import GpuMemoryReader, make_engine_reader, make_reader
-from .gpu_lock import GpuLocks, open_node_locks
-from .listener import Listener, listening_sockets
-from .metrics import Metrics
-from .model_directory import ModelDirectory
-from .routes import LIFECYCLE_PATHS, build_table
-from .routing import Router
-from .states import TRANSITIONS, State
+from .front.engine_set import Fleet
+from .front.front import Front
+from .front.listener import Listener, listening_sockets
+from .front.model_directory import ModelDirectory
+from .front.route_table import LIFECYCLE_PATHS, build_table
+from .front.routing import Router
+from .gpu.readers import GpuMemoryReader, make_engine_reader, make_reader
+from .lifecycle.states import TRANSITIONS, State
+from .observe.metrics import Metrics
+from .sharing.arbiter import Arbiter
+from .sharing.gpu_lock import GpuLocks, open_node_locks
 
 
 class Lifeguard:

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from . import __version__
 from .app import Lifeguard
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
-from .gpu_lock import GpuLockSetupError
-from .logs import configure_logging
+from .observe.logs import configure_logging
+from .sharing.gpu_lock import GpuLockSetupError
 
 log = logging.getLogger("lifeguard")
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(args_list[1:])
     if args_list[:1] == ["status"]:
-        from .status_cli import main as status_main
+        from .observe.status_cli import main as status_main
 
         return status_main(args_list[1:])
     if args_list[:1] == ["check"]:

@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     # --- the data plane
-    # One front (proxy/front.py) serves every request of every engine.
+    # One front (proxy/front/front.py) serves every request of every engine.
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     hold_timeout_s: float = Field(default=300.0, gt=0)
 
-    # --- the route table (proxy/routes.py)
+    # --- the route table (proxy/front/route_table.py)
     # A route that neither vLLM nor a supported trainer has: `pass` forwards it at once (like vLLM would);
     # `hold` treats it as inference (held while the engine is not ready).
     unknown_routes: Literal["pass", "hold"] = "pass"
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     # --- the control plane
     lifecycle_queue_timeout_s: float = Field(default=60.0, gt=0)
     # Several pods on one GPU node: a directory every lifeguard on the node shares (a hostPath). Each
-    # transition that takes GPU memory then holds a kernel lock on <dir>/<GPU UUID>.lock (proxy/gpu_lock.py)
+    # transition that takes GPU memory then holds a kernel lock on <dir>/<GPU UUID>.lock (proxy/sharing/gpu_lock.py)
     # and is admitted against the device's free memory; null: this proxy's own lock per GPU only.
     gpu_lock_dir: str | None = None
     lifecycle_call_timeout_s: float = Field(default=1800.0, gt=0)
@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     lora_check: bool = True
     # Adapters given a canary answer; those past it are only checked to be listed after the wake.
     lora_canary_max_adapters: int = Field(default=8, ge=0)
-    # vLLM's weight checksums (/weight_checker) as verification (proxy/weight_checksums.py, docs/verification.md):
+    # vLLM's weight checksums (/weight_checker) as verification (lifecycle/weight_checksums.py, docs/verification.md):
     # off | reloads (a reload must produce the checkpoint) | always (also a level-1 sleep/wake and each update
     # session); the default from their measured cost (docs/performance.md). Each read has its own deadline.
     weight_checksums: Literal["off", "reloads", "always"] = "reloads"
@@ -181,7 +181,7 @@ class Settings(BaseSettings):
     idle_sleep_after_s: float | None = Field(default=None, gt=0)
     idle_sleep_level: int = Field(default=1, ge=0, le=2)
     drain_before_sleep_s: float = Field(default=0.0, ge=0)
-    # Several engines on shared GPUs (proxy/arbiter.py): while requests for a sleeping engine wait, an awake
+    # Several engines on shared GPUs (proxy/sharing/arbiter.py): while requests for a sleeping engine wait, an awake
     # neighbour serves its own requests this long (from when they began waiting, or from its own wake), then
     # stops admitting, finishes what it serves and is put to sleep for them.
     swap_quantum_s: float = Field(default=10.0, ge=0)

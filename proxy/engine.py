@@ -3,7 +3,7 @@
 A single `upstream:` is one engine (named `default`); `engines:` is several, each guarded the same way.
 An engine has its own coordinator (and with it its record, verifier and rules), request gate, in-flight
 requests, policies, reconcile loop, GPU footprint and pool of connections to its vLLM. It knows nothing of
-the others: several engines meet only in the arbiter (proxy/arbiter.py) and the front (proxy/front.py).
+the others: several engines meet only in the arbiter (proxy/sharing/arbiter.py) and the front (proxy/front/front.py).
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ import aiohttp
 from yarl import URL
 
 from .config import EngineSettings, Settings
-from .coordinator import LifecycleCoordinator
-from .footprint import Footprint
-from .gate import RequestGate
-from .gpu import GpuMemoryReader, GpuReading
-from .inflight import InFlightRequests
-from .metrics import EngineMetrics
-from .policies import Policies
-from .probes import Verifier
-from .reconcile import reconcile_loop
+from .gpu.footprint import Footprint
+from .gpu.readers import GpuMemoryReader, GpuReading
+from .lifecycle.coordinator import LifecycleCoordinator
+from .lifecycle.gate import RequestGate
+from .lifecycle.inflight import InFlightRequests
+from .lifecycle.policies import Policies
+from .lifecycle.reconcile import reconcile_loop
+from .lifecycle.verifier import Verifier
+from .observe.metrics import EngineMetrics
+from .observe.unknown_routes import UnknownRoutes
 from .tasks import Tasks
-from .unknown_routes import UnknownRoutes
-from .upstream import VllmClient
-from .upstream_pool import Connection, UpstreamConnection, UpstreamPool
+from .upstream.control_client import VllmClient
+from .upstream.pool import Connection, UpstreamConnection, UpstreamPool
 
 
 class Upstream:

@@ -53,7 +53,7 @@ class BadParameter(LifeguardError):
 
 
 class BadTarget(LifeguardError):
-    """A request target that two parsers could read as two different paths (proxy/target.py)."""
+    """A request target that two parsers could read as two different paths (proxy/front/target.py)."""
 
     status = 400
     reason = "bad_request_target"
@@ -294,7 +294,7 @@ class StreamBroken(UpstreamError):
 
 
 class AbortedBySleep(LifeguardError):
-    """A forwarded request ended by the proxy because the engine discarded its weights (proxy/inflight.py)."""
+    """A forwarded request ended by the proxy because the engine discarded its weights (proxy/lifecycle/inflight.py)."""
 
     reason = "aborted_by_sleep"
     retry_after = 5.0

@@ -4,6 +4,6 @@ lifecycle, as a matrix of hazards (vLLM RFC #45585's RL matrix, and this project
 One module per concern: `client` (HTTP with a deadline on every call), `target` (what is at a URL), `engine`
 (the engine's state and restoring it between rows), `scenarios` (what each row does and how it judges),
 `matrix` (the rows), `run` (both columns), `report` (terminal, JSON, Markdown), `html` (the page), `cli` (the
-command). Imports from the rest of `proxy` are few and explicit: the route table, the GPU readers and the
-package version.
+command). A client of vLLM and of a lifeguard, never on the proxy's own path.
+May import: front (the route table), gpu (the readers), and the package version.
 """

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpu import GpuMemoryReader
+from ..gpu.readers import GpuMemoryReader
 from .client import Http, Reply
 from .target import busy
 

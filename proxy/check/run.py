@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from ..gpu import GpuMemoryReader, make_reader
+from ..gpu.readers import GpuMemoryReader, make_reader
 from .client import CALL_TIMEOUT_S, Http
 from .engine import PENDING_WINDOW_S, Column
 from .matrix import Row, select

@@ -11,8 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..gpu import make_reader
-from ..routes import build_table
+from ..front.route_table import build_table
+from ..gpu.readers import make_reader
 from .client import Http, Reply
 
 #: The vLLM releases the lifeguard models (the simulator's profiles).

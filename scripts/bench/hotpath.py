@@ -99,7 +99,7 @@ async def measure(args: argparse.Namespace) -> None:
     from lifeguard_sim.app import SimSettings, create_sim_app
     from proxy.app import Lifeguard
     from proxy.config import Settings
-    from proxy.upstream_pool import UpstreamConnection
+    from proxy.upstream.pool import UpstreamConnection
 
     sim = web.AppRunner(create_sim_app(SimSettings()), handle_signals=False)
     await sim.setup()

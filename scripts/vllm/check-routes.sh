@@ -5,7 +5,7 @@
 #      (${XDG_CACHE_HOME:-$HOME/.cache}/vllm-lifeguard/wheels): a fresh machine fetches it once (~250-350 MB),
 #      later runs find it there and only ask the index which release is the newest;
 #   2. scripts/vllm/route_scan.py reads the routes of its vllm/entrypoints/** by an AST scan, straight from the
-#      wheel, and fails on any route proxy/routes.py does not classify.
+#      wheel, and fails on any route proxy/front/route_table.py does not classify.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${VENV:-.venv}/bin

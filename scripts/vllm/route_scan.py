@@ -1,4 +1,5 @@
-"""The routes a vLLM release can serve, read from its source by an AST scan, and the ones proxy/routes.py misses.
+"""The routes a vLLM release can serve, read from its source by an AST scan, and those proxy/front/route_table.py
+misses.
 
     python scripts/vllm/route_scan.py WHEEL_OR_SITE_PACKAGES [--list]
 
@@ -172,8 +173,9 @@ def scan(location: Path) -> tuple[list[ScannedRoute], list[Dynamic]]:
 
 
 def unclassified(routes: Iterable[ScannedRoute]) -> list[ScannedRoute]:
-    """Routes the proxy's table has no explicit entry for (proxy/routes.py): each must be classified on purpose."""
-    from proxy.routes import build_table
+    """Routes the proxy's table (proxy/front/route_table.py) has no explicit entry for: each must be classified
+    on purpose."""
+    from proxy.front.route_table import build_table
 
     table = build_table()
     missing: list[ScannedRoute] = []
@@ -205,11 +207,11 @@ def main(argv: list[str]) -> int:
         print(f"  not a literal path (not checked): {item.expression} at {item.where}", file=sys.stderr)
     missing = unclassified(routes)
     if missing:
-        print("routes proxy/routes.py does not classify:", file=sys.stderr)
+        print("routes proxy/front/route_table.py does not classify:", file=sys.stderr)
         for route in missing:
             print(f"  {route.method} {route.path}  ({route.where})", file=sys.stderr)
         return 1
-    print("every route is classified by proxy/routes.py", file=sys.stderr)
+    print("every route is classified by proxy/front/route_table.py", file=sys.stderr)
     return 0
 
 

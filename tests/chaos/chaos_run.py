@@ -102,7 +102,7 @@ INFERENCE_DEADLINE_S = 45.0
 # Queue deadline (20 s) + call deadline (8 s) + verification + slack.
 LIFECYCLE_DEADLINE_S = 60.0
 GIB = 1 << 30
-# Why a wake may be refused for lack of room (issue 26; the words of proxy/swap_rules.py and proxy/arbiter.py):
+# Why a wake may be refused for lack of room (issue 26; the words of proxy/sharing/swap_rules.py and arbiter.py):
 # a neighbour that cannot be put to sleep now, memory no neighbour of this proxy holds, or a sleep or wake that
 # failed. A neighbour that is only serving, or has requests held for it, is no reason: requests wait their turn.
 ROOM_REFUSALS = (

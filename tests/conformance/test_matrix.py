@@ -16,7 +16,7 @@ from proxy.check.engine import Column
 from proxy.check.matrix import ROWS, Row
 from proxy.check.run import load_adapters, run_row
 from proxy.check.scenarios import RED, SKIP
-from proxy.gpu import NoGpuReader
+from proxy.gpu.readers import NoGpuReader
 
 GREEN = "green"
 #: What vLLM does (red: a client is misled), as the simulator's profiles reproduce it. The simulator's memory is

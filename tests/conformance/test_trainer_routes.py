@@ -152,7 +152,7 @@ async def test_a_loaded_adapter_is_servable_by_name_until_unloaded(vllm: VllmApi
 async def test_an_adapter_still_listed_after_a_sleep_and_a_wake_answers_as_before(
     vllm: VllmApi, lora_path: str
 ) -> None:
-    """What the proxy's LoRA check after a wake relies on (proxy/probes.py): /v1/models lists an adapter only while
+    """What the LoRA check after a wake relies on (proxy/lifecycle/verifier.py): /v1/models lists an adapter only while
     it is applied. Listed after a level-1 sleep and a wake, it answers as it did before the sleep (not as the base
     model); lost, it is not listed."""
     adapter = {"lora_name": "conf-w", "lora_path": lora_path}

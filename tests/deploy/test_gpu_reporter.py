@@ -10,7 +10,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from proxy.gpu import FileReader
+from proxy.gpu.readers import FileReader
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base" / "gpu-reporter.py"
 GIB = 1 << 30

@@ -30,7 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.config import Settings
-from proxy.routes import RouteKind, build_table
+from proxy.front.route_table import RouteKind, build_table
 
 GUIDES = Path(__file__).resolve().parents[2] / "docs" / "guides"
 HTTP_TRAINERS = ["skyrl", "trl", "prime-rl", "areal", "vime"]

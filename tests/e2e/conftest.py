@@ -162,7 +162,7 @@ def make_stack(aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: P
     return make
 
 
-# --- several engines on one simulated GPU (proxy/arbiter.py)
+# --- several engines on one simulated GPU (proxy/sharing/arbiter.py)
 
 GIB = 1 << 30
 #: Each simulated engine takes 50 GiB awake and 2 GiB asleep on one 80 GiB device: two do not fit together.

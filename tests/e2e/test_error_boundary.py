@@ -1,4 +1,4 @@
-"""The one error boundary (proxy/boundary.py): a bug in any callback of the data plane is answered, logged
+"""The one error boundary (proxy/front/boundary.py): a bug in any callback of the data plane is answered, logged
 once with its traceback, counted in `lifeguard_proxy_errors_total`, and the proxy serves on.
 
 Each test makes one callback raise once (a stand-in for a bug of ours) and asserts what a client sees: 503
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy import exchange, held
-from proxy.answers import _OWN
 from proxy.config import Settings
-from proxy.front import Front
+from proxy.front import exchange, held
+from proxy.front.answers import _OWN
+from proxy.front.front import Front
 
 from .conftest import Stack, raw_exchange, status_of
 

@@ -1,4 +1,4 @@
-"""The front (proxy/front.py) at the byte level: what it forwards, what it answers itself, and what it refuses
+"""The front (proxy/front/front.py) at the byte level: what it forwards, what it answers itself, and what it refuses
 before anything reaches vLLM (request smuggling)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.app import Lifeguard
 from proxy.config import Settings
-from proxy.front import Front
+from proxy.front.front import Front
 
 from .conftest import Stack, lifeguard_of, raw_exchange, status_of
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import ClientTimeout
 
 from lifeguard_sim.app import SimSettings
-from proxy.refusals import Refusal, RefusalKind, response_refusal, stream_refusal
+from proxy.upstream.refusals import Refusal, RefusalKind, response_refusal, stream_refusal
 
 from .conftest import FAST_SIM, Stack
 

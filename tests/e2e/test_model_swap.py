@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.conftest import GIB, MEDIUM, EnginesStack
 from lifeguard_sim.engine import Engine
-from proxy.calls import LifecycleCall
-from proxy.outcome import Outcome
+from proxy.lifecycle.calls import LifecycleCall
+from proxy.lifecycle.outcome import Outcome
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
 TOTAL = 80 * GIB

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from proxy.config import Settings
-from proxy.routes import VLLM_ROUTES, RouteKind
+from proxy.front.route_table import VLLM_ROUTES, RouteKind
 
 from .conftest import Stack
 

@@ -1,4 +1,4 @@
-"""Model swap under mixed traffic (proxy/arbiter.py, docs/model-swap.md "Turns"): a request for a sleeping
+"""Model swap under mixed traffic (proxy/sharing/arbiter.py, docs/model-swap.md "Turns"): a request for a sleeping
 model waits its turn, never refused because its neighbour is busy; a steady stream for one model cannot keep
 another waiting past one turn, drain and swap; the trainer's own lifecycle calls interleave without a
 deadlock. Simulators on one simulated GPU that fits one engine awake; every wait has a deadline; assertions

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 SELECTOR = 'namespace=~"$namespace", pod=~"$pod"'
@@ -108,7 +108,7 @@ def test_the_issue_s_panels_are_all_there():
 def test_the_state_timeline_names_every_state_of_the_machine_in_order() -> None:
     """The timeline maps lifeguard_state to a code per state, in the machine's order; a state added to the
     machine and not to the dashboard would show as another state, not as no data."""
-    from proxy.states import State
+    from proxy.lifecycle.states import State
 
     panel = next(p for p in panels() if "(lifeguard_state)" in p.get("description", ""))
     options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]

@@ -226,7 +226,7 @@ async def serve_page(aiohttp_server: Any, state: Callable[[], tuple[int, Any]]) 
 
     from aiohttp import web
 
-    from proxy.status_page import PAGE_PATH, page_answer
+    from proxy.front.status_page import PAGE_PATH, page_answer
 
     async def page(request: web.Request) -> web.Response:
         answer = page_answer(list(request.raw_headers), None, request.path, time.time())

@@ -2,8 +2,8 @@
 
 import pytest
 
-from proxy.calls import parse_call
 from proxy.errors import BadParameter
+from proxy.lifecycle.calls import parse_call
 
 
 @pytest.mark.parametrize(

@@ -31,20 +31,20 @@ from lifeguard_sim import metrics as sim_metrics
 from lifeguard_sim.engine import Engine
 from lifeguard_sim.errors import EngineGone, EngineHTTPError
 from lifeguard_sim.settings import SimSettings
-from proxy.calls import LifecycleCall, parse_call
 from proxy.config import Settings
-from proxy.coordinator import LifecycleCoordinator
 from proxy.errors import LifeguardError, UpstreamUnreachable
-from proxy.gate import RequestGate
-from proxy.gpu import DeviceMemory, GpuReading
-from proxy.metrics import Metrics
-from proxy.outcome import Outcome
-from proxy.probes import Verifier
-from proxy.routes import LIFECYCLE_PATHS
-from proxy.rules import Admission
-from proxy.serving import engine_refusal
-from proxy.states import SETTLED, TRANSITIONS, State
-from proxy.upstream import Reply, VllmClient
+from proxy.front.readiness import engine_refusal
+from proxy.front.route_table import LIFECYCLE_PATHS
+from proxy.gpu.readers import DeviceMemory, GpuReading
+from proxy.lifecycle.calls import LifecycleCall, parse_call
+from proxy.lifecycle.coordinator import LifecycleCoordinator
+from proxy.lifecycle.gate import RequestGate
+from proxy.lifecycle.outcome import Outcome
+from proxy.lifecycle.rules import Admission
+from proxy.lifecycle.states import SETTLED, TRANSITIONS, State
+from proxy.lifecycle.verifier import Verifier
+from proxy.observe.metrics import Metrics
+from proxy.upstream.control_client import Reply, VllmClient
 
 MEMORY = frozenset({"weights", "kv_cache"})
 FAULTABLE = ("sleep", "wake_up", "pause", "resume", "start_weight_update", "finish_weight_update")

@@ -1,4 +1,4 @@
-"""proxy/elastic_ep.py and VllmClient.observe: vLLM's elastic-EP gate and status, read as the proxy reads them.
+"""proxy/upstream/elastic_ep.py and VllmClient.observe: vLLM's elastic-EP gate and status, read as the proxy reads them.
 
 The bodies are vLLM's (serve/elastic_ep/middleware.py and api_router.py, 0.32 and 0.33); the verdict never comes
 from the middleware's message and never from /health, which 0.33 lets through the gate (200 on a retired rank).
@@ -13,8 +13,8 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from proxy.elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
-from proxy.upstream import Reply, VllmClient
+from proxy.upstream.control_client import Reply, VllmClient
+from proxy.upstream.elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
 
 SCALING_BODY = b'{"error":"The model is currently scaling. Please try again later."}'
 RETIRED_BODY = b'{"error":"This data-parallel rank has been retired and is awaiting shutdown."}'

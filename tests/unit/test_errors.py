@@ -8,9 +8,9 @@ import re
 import pytest
 
 from proxy.errors import REASONS, BadRequest, BodyTooLarge, HoldTimeout, LifeguardError, UpstreamRejected
-from proxy.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
-from proxy.probes import CheckName, CheckResult
-from proxy.wire import error_bytes
+from proxy.front.wire import error_bytes
+from proxy.lifecycle.verifier import CheckName, CheckResult
+from proxy.observe.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
 
 
 def _tree(cls: type[LifeguardError]) -> list[type[LifeguardError]]:

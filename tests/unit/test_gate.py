@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from proxy.errors import EngineSleeping, EngineUnavailable, HoldQueueFull, HoldTimeout, LifeguardError, ShuttingDown
-from proxy.gate import RequestGate, Ticket
-from proxy.rules import Admission
+from proxy.lifecycle.gate import RequestGate, Ticket
+from proxy.lifecycle.rules import Admission
 
 
 def gate(max_held: int = 10, hold_timeout_s: float = 30.0) -> tuple[RequestGate, list[str]]:

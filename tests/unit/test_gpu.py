@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from proxy.gpu import (
+from proxy.gpu.readers import (
     FileReader,
     GpuReading,
     NoGpuReader,
@@ -299,7 +299,7 @@ async def test_with_nvml_an_engine_elsewhere_has_no_memory_of_its_own_one_in_the
 
 # ----- NVML per process: one engine's own memory on a shared GPU
 class Pids:
-    """An engine's processes as proxy/processes.py finds them (a fixed set here)."""
+    """An engine's processes as proxy/gpu/processes.py finds them (a fixed set here)."""
 
     def __init__(self, port: int, *pids: int) -> None:
         self.port = port
@@ -342,7 +342,7 @@ async def test_a_lying_sleep_of_one_engine_is_caught_while_its_neighbour_frees_m
     from test_probes import ASLEEP, FakeClient
 
     from proxy.config import Settings
-    from proxy.probes import CheckResult, Expectation, MemoryChange, Verifier
+    from proxy.lifecycle.verifier import CheckResult, Expectation, MemoryChange, Verifier
 
     per_process[0] = [(101, 50 * GIB), (201, 50 * GIB)]
     settings = Settings(upstream="http://127.0.0.1:1", verify_timeout_s=0.05, verify_poll_interval_s=0.01)

@@ -1,4 +1,4 @@
-"""The GPU locks (proxy/gpu_lock.py): this proxy's per GPU and the node's (`gpu_lock_dir`), on real files with
+"""The GPU locks (proxy/sharing/gpu_lock.py): this proxy's per GPU and the node's (`gpu_lock_dir`), on real files with
 real `flock(2)`; one lifeguard of the node is a `NodeLocks` here, or a separate process where death matters."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from proxy.config import Settings
 from proxy.errors import GpuLockUnavailable, LifecycleBusy
-from proxy.gpu import DeviceMemory, FileReader, GpuReading, NoGpuReader
-from proxy.gpu_lock import (
+from proxy.gpu.readers import DeviceMemory, FileReader, GpuReading, NoGpuReader
+from proxy.sharing.gpu_lock import (
     GpuLocks,
     GpuLockSetupError,
     GpuUuids,

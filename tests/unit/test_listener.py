@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from proxy.listener import Listener, listening_sockets
+from proxy.front.listener import Listener, listening_sockets
 
 CLIENTS = 200
 # One accept per iteration needs CLIENTS iterations; a batch of accepts and the hand-overs need a handful.

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.logs import configure_logging
+from proxy.observe.logs import configure_logging
 
 LIFECYCLE_EXTRA = {
     "event": "lifecycle_op",

@@ -1,4 +1,5 @@
-"""The verifier's LoRA check (proxy/probes.py): adapters served before a sleep must be served, and answer as before,
+"""The verifier's LoRA check (proxy/lifecycle/verifier.py): adapters served before a sleep must be served, and answer as
+before,
 after the wake (vLLM #53888: an adapter still listed that answers like the base model). Against a fake vLLM whose
 /v1/models and per-model canary answers the test sets; the simulator's `wake_up:lose-lora` drives the same check
 end to end in tests/e2e/test_lies.py."""
@@ -12,10 +13,10 @@ from typing import Any, cast
 import pytest
 
 from proxy.config import Settings
-from proxy.gpu import GpuReading
-from proxy.observation import Observation
-from proxy.probes import AdapterMark, CanaryAnswer, Expectation, Verdict, Verifier, listed_adapters
-from proxy.upstream import Reply, VllmClient
+from proxy.gpu.readers import GpuReading
+from proxy.lifecycle.verifier import AdapterMark, CanaryAnswer, Expectation, Verdict, Verifier, listed_adapters
+from proxy.upstream.control_client import Reply, VllmClient
+from proxy.upstream.observation import Observation
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 FULL_WAKE = Expectation(sleeping=False, paused=False, canary=True)

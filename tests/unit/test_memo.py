@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.memo import UNREADABLE, Memo, StateMemo
-from proxy.rules import Staleness
+from proxy.lifecycle.rules import Staleness
+from proxy.lifecycle.state_file import UNREADABLE, Memo, StateMemo
 
 
 def test_a_saved_memo_reads_back_as_it_was(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import metrics as m
-from proxy.metrics import EngineMetrics, Metrics
+from proxy.observe import metrics as m
+from proxy.observe.metrics import EngineMetrics, Metrics
 
 TRANSITIONS = "lifeguard_state_transitions_total"
 OPS_TOTAL = "lifeguard_lifecycle_operations_total"
@@ -269,7 +269,7 @@ def test_swap_series_exist_at_zero_for_every_engine_and_count_each_swap(registry
 def test_gpu_lock_waits_exist_at_zero_for_every_engine_and_time_only_the_waits_that_took_the_lock(
     registry: CollectorRegistry,
 ) -> None:
-    from proxy.gpu_lock import WAIT_OUTCOMES
+    from proxy.sharing.gpu_lock import WAIT_OUTCOMES
 
     assert m.GPU_LOCK_OUTCOMES == WAIT_OUTCOMES
     whole = family(registry)

@@ -1,4 +1,4 @@
-"""Which engine serves a model name (proxy/model_directory.py), against stand-in engines."""
+"""Which engine serves a model name (proxy/front/model_directory.py), against stand-in engines."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from proxy import model_directory
 from proxy.config import EngineSettings, Settings
 from proxy.errors import UpstreamUnreachable
-from proxy.model_directory import ModelDirectory
-from proxy.upstream import Reply
+from proxy.front import model_directory
+from proxy.front.model_directory import ModelDirectory
+from proxy.upstream.control_client import Reply
 
 
 class StandIn:

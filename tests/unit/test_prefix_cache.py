@@ -1,4 +1,5 @@
-"""The salt merged into an admitted request's body while old-weight blocks remain (proxy/prefix_cache.py), checked
+"""The salt merged into an admitted request's body while old-weight blocks remain (proxy/lifecycle/prefix_cache.py),
+checked
 against vLLM's own validate_cache_salt rules as the simulator mirrors them (lifeguard_sim/prefix_cache.py)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import json
 import pytest
 
 from lifeguard_sim.prefix_cache import PrefixCache, salt_problem
-from proxy.memo import Memo, StateMemo
-from proxy.prefix_cache import Partition, reset_result, salted
+from proxy.lifecycle.prefix_cache import Partition, reset_result, salted
+from proxy.lifecycle.state_file import Memo, StateMemo
 
 SALT = Partition.after("test").salt
 

@@ -14,11 +14,11 @@ import pytest
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
-from proxy.footprint import Footprint
-from proxy.gpu import DeviceMemory, GpuReading
-from proxy.observation import Observation
-from proxy.probes import Expectation, MemoryChange, Verdict, Verifier
-from proxy.upstream import Reply, VllmClient
+from proxy.gpu.footprint import Footprint
+from proxy.gpu.readers import DeviceMemory, GpuReading
+from proxy.lifecycle.verifier import Expectation, MemoryChange, Verdict, Verifier
+from proxy.upstream.control_client import Reply, VllmClient
+from proxy.upstream.observation import Observation
 
 GIB = 1 << 30
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)

@@ -1,4 +1,4 @@
-"""Which processes are one engine (proxy/processes.py), read from the real /proc of this machine: a process
+"""Which processes are one engine (proxy/gpu/processes.py), read from the real /proc of this machine: a process
 listening on a port that has spawned a child, as vLLM's API server spawns its EngineCore."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.processes import EngineProcesses
+from proxy.gpu.processes import EngineProcesses
 
 SERVER = """
 import socket, subprocess, sys, time

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.calls import parse_call
-from proxy.elastic_ep import ElasticStatus
-from proxy.metrics import Metrics
-from proxy.observation import Observation
-from proxy.record import EngineRecord, FailureKind
-from proxy.rules import Admission, Refuse, admission, control_refusal, judge, unavailable
-from proxy.states import State
+from proxy.lifecycle.calls import parse_call
+from proxy.lifecycle.record import EngineRecord, FailureKind
+from proxy.lifecycle.rules import Admission, Refuse, admission, control_refusal, judge, unavailable
+from proxy.lifecycle.states import State
+from proxy.observe.metrics import Metrics
+from proxy.upstream.elastic_ep import ElasticStatus
+from proxy.upstream.observation import Observation
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 REFUSED = Observation(reachable=False, error="connection refused")
@@ -89,7 +89,7 @@ def test_memory_a_worker_rpc_put_to_sleep_stays_asleep_through_reconcile_and_kee
     assert not record.asleep_outside_vllm and record.asleep_tags == frozenset()
 
 
-# ----- what the status page draws (proxy/status_page.html)
+# ----- what the status page draws (proxy/front/status_page.html)
 def test_each_transition_carries_its_time_on_the_proxy_s_clock_for_the_timeline() -> None:
     import time
 
@@ -116,7 +116,7 @@ def test_recent_errors_keep_distinct_errors_and_count_a_repeat_instead_of_floodi
     assert len(record.snapshot()["recent_errors"]) == 10  # bounded
 
 
-# ----- a pause the proxy did not make, found through a refused request (proxy/refusals.py)
+# ----- a pause the proxy did not make, found through a refused request (proxy/upstream/refusals.py)
 
 PAUSED_BY_VLLM = Observation(reachable=True, healthy=True, sleeping=True, paused=True, metric_awake=True)
 
@@ -138,7 +138,7 @@ def test_a_refusal_with_vllm_not_paused_changes_nothing() -> None:
     assert record.state is State.RUNNING and not record.drift_events
 
 
-# ----- elastic EP (proxy/elastic_ep.py): read from /is_scaling_elastic_ep, never from /health
+# ----- elastic EP (proxy/upstream/elastic_ep.py): read from /is_scaling_elastic_ep, never from /health
 
 
 def gated(**status: Any) -> Observation:

@@ -1,4 +1,4 @@
-"""proxy/refusals.py: vLLM's refusals of a forwarded request that the proxy must hold again, not relay.
+"""proxy/upstream/refusals.py: vLLM's refusals of a forwarded request that the proxy must hold again, not relay.
 
 The bytes are vLLM 0.33's, as its code paths write them (read in the wheel; tests/vllm/test_vllm_refusals.py makes
 them with vLLM's own serializers): create_error_response + starlette's compact JSONResponse for a non-streaming
@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.refusals import MAX_FIRST_EVENT_BYTES, Pending, Refusal, RefusalKind, response_refusal, stream_refusal
+from proxy.upstream.refusals import (
+    MAX_FIRST_EVENT_BYTES,
+    Pending,
+    Refusal,
+    RefusalKind,
+    response_refusal,
+    stream_refusal,
+)
 
 JSON = [(b"content-type", b"application/json"), (b"content-length", b"120")]
 SSE = [(b"Content-Type", b"text/event-stream; charset=utf-8"), (b"transfer-encoding", b"chunked")]

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from proxy.metrics import REQUEST_BUCKETS
-from proxy.request_metrics import CounterFamily, HistogramFamily
+from proxy.observe.metrics import REQUEST_BUCKETS
+from proxy.observe.request_metrics import CounterFamily, HistogramFamily
 
 OUTCOMES = ("forwarded", "client_gone", "stream_broken")
 

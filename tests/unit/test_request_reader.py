@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.errors import BadRequest
-from proxy.request_reader import ParsedRequest, RequestReader
+from proxy.front.request_reader import ParsedRequest, RequestReader
 
 KEEP = b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"
 CLOSE = b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.routes import FRAMEWORK_ROUTES, LIFECYCLE_PATHS, VLLM_ROUTES, RouteKind, build_table
+from proxy.front.route_table import FRAMEWORK_ROUTES, LIFECYCLE_PATHS, VLLM_ROUTES, RouteKind, build_table
 
 TABLE = build_table()
 

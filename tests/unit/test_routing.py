@@ -1,4 +1,4 @@
-"""Where a request goes (proxy/routing.py), decided from its method and target alone: no HTTP, no engines
+"""Where a request goes (proxy/front/routing.py), decided from its method and target alone: no HTTP, no engines
 running (the router only needs their names)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from proxy.errors import BadTarget, UnknownEngine
-from proxy.routes import RouteKind, build_table
-from proxy.routing import Router, model_of
+from proxy.front.route_table import RouteKind, build_table
+from proxy.front.routing import Router, model_of
 
 
 class Named:

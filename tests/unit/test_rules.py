@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from proxy.calls import LifecycleCall, parse_call
 from proxy.errors import BadParameter
-from proxy.rules import Admission, Defer, EngineView, Noop, Refuse, Run, Staleness, admission, judge
-from proxy.states import State
+from proxy.lifecycle.calls import LifecycleCall, parse_call
+from proxy.lifecycle.rules import Admission, Defer, EngineView, Noop, Refuse, Run, Staleness, admission, judge
+from proxy.lifecycle.states import State
 
 ASLEEP_1 = EngineView(State.SLEEPING, sleep_level=1, asleep_tags=frozenset({"weights", "kv_cache"}))
 KV_ONLY = EngineView(State.SLEEPING, sleep_level=1, asleep_tags=frozenset({"kv_cache"}))
@@ -119,7 +119,7 @@ def test_weight_writing_rpcs_are_refused_while_the_weights_are_asleep() -> None:
     assert isinstance(judge(other, ASLEEP_1, methods), Run)
 
 
-# --- SkyRL 0.4.0's worker RPCs (proxy/worker_rpcs.py) and the drafter's weight update session
+# --- SkyRL 0.4.0's worker RPCs (proxy/lifecycle/worker_rpcs.py) and the drafter's weight update session
 
 
 def rpc(method: str, **kwargs: object) -> LifecycleCall:

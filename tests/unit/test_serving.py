@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import EngineSleeping, EngineUnavailable, LifeguardError, NotServing, ShuttingDown
-from proxy.gate import RequestGate, Ticket
-from proxy.rules import NOT_SERVING_CAUSES, EngineView, Staleness, admission, serving_refusal
-from proxy.serving import SERVING, fleet_answer
-from proxy.states import State
+from proxy.front.readiness import SERVING, fleet_answer
+from proxy.lifecycle.gate import RequestGate, Ticket
+from proxy.lifecycle.rules import NOT_SERVING_CAUSES, EngineView, Staleness, admission, serving_refusal
+from proxy.lifecycle.states import State
 
 views = st.builds(
     EngineView,

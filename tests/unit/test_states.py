@@ -3,7 +3,7 @@
 import pytest
 from transitions import MachineError
 
-from proxy.states import SETTLED, Lifecycle, State
+from proxy.lifecycle.states import SETTLED, Lifecycle, State
 
 
 def machine() -> tuple[Lifecycle, list[tuple[State, State]]]:
@@ -80,7 +80,7 @@ def test_every_trigger_has_a_typed_method_and_every_method_a_trigger() -> None:
     import ast
     import inspect
 
-    from proxy import states
+    from proxy.lifecycle import states
 
     (lifecycle,) = (n for n in ast.parse(inspect.getsource(states)).body if getattr(n, "name", "") == "Lifecycle")
     (typed,) = (n for n in ast.walk(lifecycle) if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")

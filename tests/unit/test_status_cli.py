@@ -1,4 +1,4 @@
-"""`vllm-lifeguard status`'s table (proxy/status_cli.py), from both shapes of `/lifeguard/state`."""
+"""`vllm-lifeguard status`'s table (proxy/observe/status_cli.py), from both shapes of `/lifeguard/state`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.status_cli import engines_in, main, render, state_url
+from proxy.observe.status_cli import engines_in, main, render, state_url
 
 GIB = 1 << 30
 T0 = 1_800_000_000.0
@@ -20,7 +20,7 @@ def clock(at: float, millis: bool = False) -> str:
 
 
 def engine(state: str = "RUNNING", **facts: Any) -> dict[str, Any]:
-    """One engine's snapshot, with the keys proxy/coordinator.py's snapshot() has."""
+    """One engine's snapshot, with the keys proxy/lifecycle/coordinator.py's snapshot() has."""
     base: dict[str, Any] = {
         "state": state,
         "since": T0 - 30,

@@ -1,4 +1,5 @@
-"""The status page as served (proxy/status_page.py): self-contained, locked down, and who gets it with a token set."""
+"""The status page as served (proxy/front/status_page.py): self-contained, locked down, and who gets it with a
+token set."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import re
 
 import pytest
 
-from proxy.admin import SESSION_S, admin_carrier, check_reader, session_value
 from proxy.errors import Forbidden, Unauthorized
-from proxy.status_page import PAGE, PAGE_HEADERS, Answer, page_answer, sign_in_answer
+from proxy.front.admin import SESSION_S, admin_carrier, check_reader, session_value
+from proxy.front.status_page import PAGE, PAGE_HEADERS, Answer, page_answer, sign_in_answer
 
 TOKEN = b"s3cret-admin-token-4f9a"
 NOW = 1_800_000_000.0

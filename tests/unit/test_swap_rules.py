@@ -1,4 +1,4 @@
-"""Memory admission for a wake on shared GPUs (proxy/swap_rules.py), no I/O."""
+"""Memory admission for a wake on shared GPUs (proxy/sharing/swap_rules.py), no I/O."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.gpu import DeviceMemory, GpuReading
-from proxy.rules import ALL_SLEEP_TAGS
-from proxy.states import State
-from proxy.swap_rules import (
+from proxy.gpu.readers import DeviceMemory, GpuReading
+from proxy.lifecycle.rules import ALL_SLEEP_TAGS
+from proxy.lifecycle.states import State
+from proxy.sharing.swap_rules import (
     GIB,
     SLEEPABLE,
     Evict,

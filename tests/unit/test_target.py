@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadTarget
-from proxy.routes import VLLM_ROUTES, RouteKind, build_table
-from proxy.target import below_mount, canonical_target
+from proxy.front.route_table import VLLM_ROUTES, RouteKind, build_table
+from proxy.front.target import below_mount, canonical_target
 
 TABLE = build_table()
 

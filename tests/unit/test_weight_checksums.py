@@ -1,4 +1,4 @@
-"""proxy/weight_checksums.py: which calls zero or reload the weights, vLLM's compare, when the checkpoint's
+"""proxy/lifecycle/weight_checksums.py: which calls zero or reload the weights, vLLM's compare, when the checkpoint's
 checksums are due; and what a reset does to the record, the gate's admission and the state file."""
 
 from __future__ import annotations
@@ -11,14 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
-from proxy.memo import Memo, StateMemo
-from proxy.metrics import Metrics
-from proxy.observation import Observation
-from proxy.record import EngineRecord
-from proxy.rules import Admission, Staleness, admission, serving_refusal
-from proxy.states import State
-from proxy.upstream import VllmClient
-from proxy.weight_checksums import (
+from proxy.lifecycle.record import EngineRecord
+from proxy.lifecycle.rules import Admission, Staleness, admission, serving_refusal
+from proxy.lifecycle.state_file import Memo, StateMemo
+from proxy.lifecycle.states import State
+from proxy.lifecycle.weight_checksums import (
     WeightChecksums,
     mismatches,
     named,
@@ -26,6 +23,9 @@ from proxy.weight_checksums import (
     reloads_checkpoint,
     resets_weights,
 )
+from proxy.observe.metrics import Metrics
+from proxy.upstream.control_client import VllmClient
+from proxy.upstream.observation import Observation
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 REFUSED = Observation(reachable=False, error="connection refused")

@@ -1,4 +1,5 @@
-"""proxy/refusals.py against the bytes vLLM's own serializers make (the installed vLLM 0.32's code, which 0.33's
+"""proxy/upstream/refusals.py against the bytes vLLM's own serializers make (the installed vLLM 0.32's code, which
+0.33's
 paused refusal goes through unchanged: RetryableRequestError, create_error_response, starlette's JSONResponse,
 the stream generators' json.dumps and pydantic dumps), and the simulator's 0.33 profile against the same bytes.
 
@@ -17,7 +18,7 @@ import pytest
 
 from lifeguard_sim import errors
 from lifeguard_sim.responses import dumps
-from proxy.refusals import Refusal, RefusalKind, response_refusal, stream_refusal
+from proxy.upstream.refusals import Refusal, RefusalKind, response_refusal, stream_refusal
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

@@ -2,7 +2,7 @@
 own server (uvicorn + starlette) routes the bytes the proxy forwards to the handler the proxy thought.
 
 A new vLLM release that adds a route fails `test_every_route_vllm_can_serve_is_classified`: it must be
-classified in proxy/routes.py, not slip through as an unknown route.
+classified in proxy/front/route_table.py, not slip through as an unknown route.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from vllm_e2e import lg_state
 
-from proxy.routes import RouteKind, build_table
-from proxy.target import canonical_target
+from proxy.front.route_table import RouteKind, build_table
+from proxy.front.target import canonical_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 
@@ -50,7 +50,7 @@ def test_every_route_vllm_can_serve_is_classified(vllm_server: Any) -> None:
     assert len(routes) > 60, out.stderr[-2000:]  # the listing itself works
     assert ("POST", "/sleep") in routes and ("POST", "/v1/load_lora_adapter") in routes
     assert not _unclassified(routes), (
-        f"routes vLLM serves that proxy/routes.py does not classify: {_unclassified(routes)}"
+        f"routes vLLM serves that proxy/front/route_table.py does not classify: {_unclassified(routes)}"
     )
 
 

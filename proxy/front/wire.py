@@ -1,0 +1,117 @@
+"""The HTTP/1.1 bytes the proxy writes itself, sans I/O: the one place each framing rule is written.
+
+* What is never forwarded (`HOP_BY_HOP`, RFC 9110 §7.6.1, plus the names a `Connection` header lists): the
+  proxy frames each hop itself. Nothing is added towards vLLM (no `X-Forwarded-For`: TRL reads it as the NCCL
+  host), and the proxy's own admin credential never leaves it.
+* Errors the proxy makes have vLLM's OpenAI-style body `{"error": {"message", "type", "param", "code"}}`
+  plus `reason` and `"src": "lifeguard"`, an `X-Lifeguard-Reason` header and, on 503, `Retry-After`. A
+  refusal vLLM made itself (`UpstreamRejected`) goes out as vLLM said it.
+* A stream that already started cannot change its status: it ends with the same error as an SSE event.
+"""
+
+from __future__ import annotations
+
+import http
+import json
+import math
+from dataclasses import dataclass, field
+
+from ..errors import LifeguardError, UpstreamRejected
+
+HOP_BY_HOP: frozenset[bytes] = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",  # the front answers `Expect: 100-continue` itself
+        # The proxy's own admin credential: it authorises the call here and is never vLLM's business.
+        b"x-lifeguard-token",
+    }
+)
+END_CHUNKS = b"0\r\n\r\n"
+JSON = b"application/json"
+_PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole response the proxy makes itself (its own routes, a lifecycle call's outcome)."""
+
+    status: int
+    body: bytes
+    content_type: bytes | None = JSON
+    headers: tuple[tuple[bytes, bytes], ...] = field(default_factory=tuple)
+
+
+def json_answer(payload: object, status: int = 200) -> Answer:
+    return Answer(status, json.dumps(payload).encode())
+
+
+def error_answer(error: LifeguardError) -> Answer:
+    """The one rendering of an error the proxy answers."""
+    if isinstance(error, UpstreamRejected):
+        content_type = (error.content_type or "application/json").encode("latin-1")
+        return Answer(error.status, error.body, content_type, ((b"X-Lifeguard-Reason", error.reason.encode()),))
+    headers = [(b"X-Lifeguard-Reason", error.reason.encode())]
+    if error.status == 503 or error.retry_after is not None:
+        headers.append((b"Retry-After", b"%d" % max(1, math.ceil(error.retry_after or 1))))
+    body = {"error": {**error_fields(error), "param": error.param}}
+    return Answer(error.status, json.dumps(body).encode(), JSON + b"; charset=utf-8", tuple(headers))
+
+
+def error_fields(error: LifeguardError) -> dict[str, object]:
+    return {
+        "message": error.message,
+        "type": error.error_type,
+        "param": None,
+        "code": error.status,
+        "reason": error.reason,
+        "src": "lifeguard",
+        **error.details,
+    }
+
+
+def sse_error_event(error: LifeguardError) -> bytes:
+    """The last event of a stream the proxy had to end (vLLM's own in-stream error shape)."""
+    return b"data: " + json.dumps({"error": error_fields(error)}).encode() + b"\n\n"
+
+
+def answer_bytes(answer: Answer, *, close: bool, http10: bool = False, head_only: bool = False) -> bytes:
+    """`answer` as a whole HTTP/1.1 response; `close` adds `Connection: close`, an HTTP/1.0 client that stays
+    gets `Connection: keep-alive`; `head_only` (a HEAD request) keeps the length and drops the body."""
+    lines = [b"HTTP/1.1 %d %b" % (answer.status, _PHRASES.get(answer.status, b"Error"))]
+    if answer.content_type is not None:
+        lines.append(b"Content-Type: " + answer.content_type)
+    lines += [name + b": " + value for name, value in answer.headers]
+    lines.append(b"Content-Length: %d" % len(answer.body))
+    if close:
+        lines.append(b"Connection: close")
+    elif http10:
+        lines.append(b"Connection: keep-alive")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head_only else answer.body)
+
+
+def error_bytes(error: LifeguardError, *, close: bool = False) -> bytes:
+    """The whole response for `error`; the error's own `close_connection` closes too."""
+    return answer_bytes(error_answer(error), close=close or error.close_connection)
+
+
+def relative_location(location: bytes, origins: tuple[bytes, ...]) -> bytes:
+    """`location` made relative when it points at one of `origins` (vLLM's own address: starlette's
+    trailing-slash redirect names it, and the client must stay with the proxy)."""
+    for origin in origins:
+        if location.startswith(origin) and location[len(origin) : len(origin) + 1] in (b"", b"/", b"?"):
+            return location[len(origin) :] or b"/"
+    return location

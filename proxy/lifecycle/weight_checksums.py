@@ -1,0 +1,264 @@
+"""`WeightChecksums`: vLLM's own weight digests as evidence that the weights are what they must be, and the one
+place that knows which calls zero them.
+
+vLLM 0.32 (`vllm/entrypoints/rl/online/api_router.py`, `vllm/model_executor/model_loader/weight_checksum.py`,
+`Worker.compute_weight_checksums` / `reset_weights` in `vllm/v1/worker/gpu_worker.py`) serves `POST /weight_checker`:
+`{"action": "checksum"}` answers `{"checksums": {"dp0:pp0:pcp0:tp0:<parameter>": "<sha256>", ...}}` (every
+worker's, keyed by its ranks), `compare` answers `{"match", "mismatches"}` against a `baseline`, and `reset` runs
+the workers' `reset_weights` (`zero_weights`: every weight set to zero), answering `{"status": "reset"}`. A
+`/collective_rpc {"method": "reset_weights"}` does the same.
+
+A checksum copies every tensor to the CPU and hashes it (docs/performance.md measures what that costs per GiB),
+so `weight_checksums` says when the proxy asks for one, always inside the transition it verifies (inference is
+held there already) and with its own deadline (`weight_checksum_timeout_s`):
+
+* `off`: never;
+* `reloads`: the checkpoint's checksums are taken while the weights are known to be the checkpoint's: a vLLM
+  process this proxy saw start (nothing listened, a reconcile round's connection refused or reset, then vLLM
+  answers: a new process, holding the checkpoint it loaded); a reload of the checkpoint through `/collective_rpc`
+  (a level-2 wake's reload included) is compared with them;
+* `always`: also before a level-1 sleep and after its wake (the weights must come back bit-exact), and around a
+  weight update session (its checksums become the baseline; an update that changed nothing is reported).
+
+On vLLM-for-CPU the linear layers' weights are repacked for oneDNN and their parameters left empty
+(`dispatch_cpu_unquantized_gemm` in `vllm/model_executor/layers/utils.py`): their digest is the empty string's, the
+same whatever the layer computes with, so there only the embeddings and norms are evidence; the detail says so.
+
+A checksum that cannot be read (a vLLM without `/weight_checker`, a deadline passed) is `unavailable`, never a
+failure. Each comparison is a `Check` (proxy/lifecycle/verifier.py); the caller decides what state it means.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+from ..config import Settings
+from ..errors import UpstreamError
+from ..observe.metrics import EngineMetrics
+from ..upstream.control_client import VllmClient
+from .verifier import Check, CheckName, CheckResult
+
+log = logging.getLogger("lifeguard.lifecycle")
+
+Digests = dict[str, str]
+
+WEIGHT_CHECKER = "/weight_checker"
+#: The worker method vLLM's `reset` action runs; also callable through `/collective_rpc`.
+RESET_RPC = "reset_weights"
+#: The digest of a tensor with no bytes: vLLM-for-CPU leaves its repacked linear layers' parameters empty.
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+#: How many tensor names an error message lists before "and N more".
+_NAMED = 8
+
+
+class ChecksumMode(enum.StrEnum):
+    OFF = "off"
+    RELOADS = "reloads"
+    ALWAYS = "always"
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"null")
+    except (ValueError, RecursionError):
+        return None
+
+
+def resets_weights(path: str, body: bytes) -> bool:
+    """Whether a control call to `path` zeroes the weights: `/weight_checker {"action": "reset"}`. Any other action
+    (`checksum`, `compare`) only reads them."""
+    payload = _json(body) if path == WEIGHT_CHECKER else None
+    return isinstance(payload, dict) and payload.get("action") == "reset"
+
+
+def reloads_checkpoint(method: str | None, body: bytes) -> bool:
+    """Whether a `/collective_rpc` reloads the checkpoint vLLM was started with: vLLM's `reload_weights` with no
+    `weights_path` or `weights_iterator` (`GPUModelRunner.reload_weights`); one given a path loads other weights
+    on purpose, and a trainer's own reload methods are theirs to define."""
+    if method != "reload_weights":
+        return False
+    payload = _json(body)
+    if not isinstance(payload, dict) or payload.get("args"):
+        return False
+    kwargs = payload.get("kwargs") or {}
+    return isinstance(kwargs, dict) and not kwargs.get("weights_path") and kwargs.get("weights_iterator") is None
+
+
+def mismatches(now: Digests, baseline: Digests) -> list[str]:
+    """The tensors whose digest differs, or that only one side has: vLLM's own `compare`."""
+    return sorted(key for key in now.keys() | baseline.keys() if now.get(key) != baseline.get(key))
+
+
+def named(keys: list[str]) -> str:
+    more = f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else ""
+    return ", ".join(keys[:_NAMED]) + more
+
+
+def parse_checksums(payload: object) -> Digests:
+    """The digests in vLLM's `checksum` answer; ValueError saying what is wrong with it."""
+    checksums = payload.get("checksums") if isinstance(payload, dict) else None
+    if not isinstance(checksums, dict) or not checksums:
+        raise ValueError(f"no 'checksums' object in the answer: {payload!r:.200}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()):
+        raise ValueError("a checksum that is not a string")
+    return dict(checksums)
+
+
+class WeightChecksums:
+    def __init__(self, settings: Settings, client: VllmClient, metrics: EngineMetrics) -> None:
+        self.mode = ChecksumMode(settings.weight_checksums)
+        self._timeout_s = settings.weight_checksum_timeout_s
+        self._client = client
+        self._metrics = metrics
+        # The checkpoint vLLM was started with, and when its checksums were taken.
+        self.checkpoint: Digests | None = None
+        self.checkpoint_at: float | None = None
+        # Nothing listened at vLLM's address: whatever answers next is a new process.
+        self._gone = False
+        # The weights are known to be the checkpoint's, and its checksums are not taken yet.
+        self._checkpoint_window = False
+        self._before_sleep: Digests | None = None
+        self._before_update: Digests | None = None
+        self.last: Check | None = None
+        self.last_at: float | None = None
+        self.last_seconds: float | None = None
+
+    # ----- when the weights are the checkpoint's
+    def engine_gone(self) -> None:
+        """A connection to vLLM was refused or reset (not a late answer): no process serves there now."""
+        self._gone = True
+        self._checkpoint_window = False
+
+    def engine_answers(self) -> None:
+        """vLLM answered healthy. After `engine_gone` it is a process started since, holding its checkpoint. A
+        /health that merely went unanswered for a while proves nothing of the kind (the record then assumes a
+        restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later reload)."""
+        if self._gone:
+            self._gone = False
+            self._checkpoint_window = True
+
+    def weights_changed(self) -> None:
+        """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
+        to be the checkpoint."""
+        self._checkpoint_window = False
+        self._before_sleep = None
+
+    @property
+    def checkpoint_due(self) -> bool:
+        """Whether the checkpoint's checksums should be taken now (on an engine RUNNING with current weights)."""
+        return self.mode is not ChecksumMode.OFF and self._checkpoint_window
+
+    async def take_checkpoint(self) -> None:
+        digests, problem = await self._take()
+        if digests is None:
+            log.warning("the checkpoint's weight checksums could not be read: %s", problem,
+                        extra={"event": "weight_checksums_unavailable"})  # fmt: skip
+            self._checkpoint_window = False  # not asked again each round; the next start tries again
+            return
+        self.checkpoint, self.checkpoint_at = digests, time.time()
+        self._checkpoint_window = False
+        log.info("the checkpoint's weight checksums taken: %d tensors", len(digests),
+                 extra={"event": "weight_checksums_checkpoint", "tensors": len(digests)})  # fmt: skip
+
+    # ----- the comparisons
+    async def before_sleep(self, level: int | None) -> None:
+        """A sleep from RUNNING with current weights: a level-1 sleep keeps them (offloaded), so take them now."""
+        self._before_sleep = None
+        if self.mode is ChecksumMode.ALWAYS and level == 1:
+            self._before_sleep, _ = await self._take()
+
+    async def check_wake(self) -> Check | None:
+        """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit."""
+        before, self._before_sleep = self._before_sleep, None
+        if before is None:
+            return None
+        return self._report(await self._compare(before, "before the sleep"))
+
+    async def check_reload(self) -> Check | None:
+        """After a reload of the checkpoint: the weights are the checkpoint's."""
+        if self.mode is ChecksumMode.OFF:
+            return None
+        if self.checkpoint is None:
+            why = "the checkpoint's checksums are not known (this proxy has not seen vLLM start with them)"
+            return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, why))
+        return self._report(await self._compare(self.checkpoint, "the checkpoint's"))
+
+    async def session_starting(self, weights_current: bool) -> None:
+        """A weight update session opens on current weights: what it must change."""
+        self._before_update = None
+        if self.mode is ChecksumMode.ALWAYS and weights_current:
+            self._before_update, _ = await self._take()
+
+    async def session_finished(self) -> None:
+        """The session wrote the model's weights: their checksums are the new baseline; a session that changed no
+        tensor is reported (a warning and `lifeguard_weight_updates_unchanged`), not failed (docs/verification.md)."""
+        before, self._before_update = self._before_update, None
+        if self.mode is not ChecksumMode.ALWAYS:
+            return
+        after, problem = await self._take()
+        if after is None:
+            self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, problem or "unreadable"))
+            return
+        if before is not None and not mismatches(after, before):
+            self._metrics.weight_update_unchanged()
+            detail = f"the weight update session changed none of the {len(after)} tensors"
+            log.warning(detail, extra={"event": "weight_update_unchanged", "tensors": len(after)})
+            self._report(Check(CheckName.WEIGHTS, CheckResult.PASS, detail, {"changed": 0}))
+            return
+        changed = len(mismatches(after, before)) if before is not None else None
+        self._report(Check(CheckName.WEIGHTS, CheckResult.PASS, "new baseline taken", {"changed": changed}))
+
+    async def _compare(self, expected: Digests, what: str) -> Check:
+        now, problem = await self._take()
+        if now is None:
+            return Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, problem or "unreadable")
+        differ = mismatches(now, expected)
+        if differ:
+            detail = f"{len(differ)} of {len(expected)} weight tensors differ from {what} checksums: {named(differ)}"
+            return Check(CheckName.WEIGHTS, CheckResult.FAIL, detail, differ)
+        empty = sum(1 for digest in now.values() if digest == EMPTY_DIGEST)
+        detail = f"{len(now)} tensors match {what} checksums"
+        if empty:
+            detail += f" ({empty} of them empty in vLLM, as vLLM-for-CPU leaves repacked linear layers: no evidence)"
+        return Check(CheckName.WEIGHTS, CheckResult.PASS, detail)
+
+    async def _take(self) -> tuple[Digests | None, str | None]:
+        """vLLM's checksums, or None and why not, within the deadline."""
+        started = time.monotonic()
+        try:
+            reply = await self._client.call(
+                "POST", WEIGHT_CHECKER, json_body={"action": "checksum"}, timeout_s=self._timeout_s
+            )
+            if reply.status != 200:
+                return None, f"/weight_checker answered {reply.status}: {reply.message()}"
+            return parse_checksums(reply.json()), None
+        except UpstreamError as exc:
+            return None, f"/weight_checker: {exc.message}"
+        except ValueError as exc:
+            return None, f"/weight_checker: {exc}"
+        finally:
+            self.last_seconds = time.monotonic() - started
+
+    def lie_caught(self, operation: str) -> None:
+        """`operation` answered 200 and the weights' checksums proved it untrue."""
+        self._metrics.lie_caught(operation, CheckName.WEIGHTS)
+
+    def _report(self, check: Check) -> Check:
+        self.last, self.last_at = check, time.time()
+        self._metrics.verification(CheckName.WEIGHTS, check.result)
+        return check
+
+    def snapshot(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "mode": self.mode.value,
+            "checkpoint_tensors": len(self.checkpoint) if self.checkpoint is not None else None,
+            "checkpoint_at": self.checkpoint_at,
+            "last_check": None if last is None else {"result": last.result, "detail": last.detail, "at": self.last_at},
+            "last_read_seconds": None if self.last_seconds is None else round(self.last_seconds, 4),
+        }

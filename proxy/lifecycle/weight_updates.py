@@ -1,0 +1,173 @@
+"""`WeightUpdates`: the weight-update operations (the session phases and `/collective_rpc`).
+
+The coordinator runs them under its lock, from a state `rules.judge` accepted, with one exception:
+`/update_weights` inside an open session is forwarded at once, outside the lock, because the trainer's
+NCCL send runs concurrently with it and would deadlock behind a queued call.
+
+A session is opened by `/start_weight_update` on the model, or by `/start_draft_weight_update` on vLLM's
+speculative-decoding drafter (vLLM 0.32 `gpu_worker.py`: the same one-at-a-time session, retargeted; SkyRL
+0.4.0 runs it after the model's own, inside the same pause). Its `/finish_weight_update` loads the
+model's weights again only when the session wrote them: a drafter's session, or a round that
+`skyrl_set_lora_receive_target` armed to build a LoRA adapter, leaves weights a level-2 sleep discarded
+discarded.
+
+`/collective_rpc` `reset_weights` (what `/weight_checker`'s reset runs) zeroes the weights: marked before it is
+sent. A reload of the checkpoint, and a finished session, are checked by the weights' checksums
+(proxy/lifecycle/weight_checksums.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import NoReturn
+
+from ..config import Settings
+from ..errors import UpstreamBadStatus, VerificationFailed, WeightsAsleep, WeightUpdateSessionLost
+from ..upstream.control_client import Reply
+from .calls import LifecycleCall
+from .engine_calls import EngineCalls
+from .record import EngineRecord, SessionTarget
+from .rules import START_OPERATIONS, Staleness
+from .states import State
+from .verifier import CheckName, CheckResult
+from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
+from .worker_rpcs import RpcKind
+
+# What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
+_NO_SESSION_MESSAGES = (
+    "start_weight_update must be called before update_weights",
+    "called without a matching start_weight_update",
+)
+WEIGHT_OPERATIONS = frozenset(
+    {"start_weight_update", "start_draft_weight_update", "update_weights", "finish_weight_update", "collective_rpc"}
+)
+
+
+class WeightUpdates:
+    def __init__(
+        self,
+        settings: Settings,
+        record: EngineRecord,
+        calls: EngineCalls,
+        lock: asyncio.Lock,
+        checksums: WeightChecksums,
+    ) -> None:
+        self._settings = settings
+        self._checksums = checksums
+        self._record = record
+        self._calls = calls
+        self._lock = lock
+
+    async def run(self, call: LifecycleCall) -> Reply:
+        """One of WEIGHT_OPERATIONS, under the coordinator's lock."""
+        if call.op in START_OPERATIONS:
+            return await self._start(call)
+        if call.op == "update_weights":
+            return await self._update(call)
+        if call.op == "finish_weight_update":
+            return await self._finish(call)
+        return await self._collective_rpc(call)
+
+    async def in_session(self, call: LifecycleCall, *, locked: bool = False) -> Reply:
+        """`/update_weights` inside an open session; `locked`: whether we already hold the lock."""
+        if "weights" in self._record.asleep_tags:
+            raise WeightsAsleep("the weights are asleep; wake them before updating them")
+        try:
+            return await self._calls.send(call, "/update_weights")
+        except UpstreamBadStatus as exc:
+            if not _says_no_session(exc):
+                raise
+            if locked:
+                await self._session_lost(exc)
+            try:  # outside the lock (the trainer's sends run concurrently): close the session under it
+                async with asyncio.timeout(self._settings.lifecycle_queue_timeout_s):
+                    await self._lock.acquire()
+            except TimeoutError:
+                raise exc from None  # the operation holding the lock meets the same answer from vLLM
+            try:
+                await self._session_lost(exc)
+            finally:
+                self._lock.release()
+
+    async def _start(self, call: LifecycleCall) -> Reply:
+        prev = self._record.state
+        if call.op == "start_weight_update":  # before the gate holds anything: what the session must change
+            await self._checksums.session_starting(weights_current=self._record.weights_stale is None)
+        self._record.lifecycle.begin_weight_update()
+        try:
+            reply = await self._calls.post(call, f"/{call.op}", hint=prev)
+        except UpstreamBadStatus:
+            self._record.settle(prev)
+            raise
+        self._record.session_opened(return_to=prev, drafter=call.op == "start_draft_weight_update")
+        return reply
+
+    async def _update(self, call: LifecycleCall) -> Reply:
+        if self._record.weight_update_active:  # a session opened while this call waited its turn
+            return await self.in_session(call, locked=True)
+        prev = self._record.state  # no session open: this call is a session of its own
+        self._record.lifecycle.begin_weight_update()
+        try:
+            reply = await self._calls.post(call, "/update_weights", hint=prev)
+        finally:
+            if self._record.state is State.UPDATING_WEIGHTS:
+                self._record.settle(prev)
+        self._record.single_update_written()
+        return reply
+
+    async def _finish(self, call: LifecycleCall) -> Reply:
+        try:
+            reply = await self._calls.post(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
+        except UpstreamBadStatus as exc:
+            if _says_no_session(exc):
+                await self._session_lost(exc)
+            raise
+        wrote_model = self._record.session_target is SessionTarget.MODEL
+        self._record.session_closed()
+        self._record.settle(self._record.return_state)
+        if wrote_model:  # after the gate let inference go again: a report, never a reason to hold it
+            await self._checksums.session_finished()
+        return reply
+
+    async def _collective_rpc(self, call: LifecycleCall) -> Reply:
+        if call.rpc_method == RESET_RPC:
+            self._record.weights_reset()
+        reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
+        if call.rpc_method in self._settings.weight_reload_rpc_methods:
+            await self._check_reload(call)
+            self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
+        elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
+            self._record.adapter_round_armed = True
+        return reply
+
+    async def _check_reload(self, call: LifecycleCall) -> None:
+        """A reload of the checkpoint must produce the checkpoint's checksums; if not, the weights stay held."""
+        if not reloads_checkpoint(call.rpc_method, call.body):
+            return
+        check = await self._checksums.check_reload()
+        if check is None or check.result is not CheckResult.FAIL:
+            return
+        self._record.mark_stale(Staleness.MISMATCH)
+        self._checksums.lie_caught(call.op)
+        raise VerificationFailed(
+            f"vLLM answered /collective_rpc {call.rpc_method} 200 but {check.name} check failed: {check.detail}",
+            check=CheckName.WEIGHTS,
+            verification=f"{check.name}={check.result}",
+        )
+
+    async def _session_lost(self, exc: UpstreamBadStatus) -> NoReturn:
+        """vLLM holds no weight update session while we hold one: it restarted between two reconcile
+        rounds (or the start never took). Left open, the proxy would refuse every call but a finish that
+        vLLM keeps refusing. Close ours, treat it as the restart it almost surely was, and say so."""
+        if self._record.weight_update_active:
+            hint = self._record.return_state
+            self._record.restarted_unseen("vLLM lost the weight update session")
+            await self._calls.adopt_observed(hint)
+        raise WeightUpdateSessionLost(
+            "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
+            "closed its own and marked the weights stale: start a new session",
+        ) from exc
+
+
+def _says_no_session(exc: UpstreamBadStatus) -> bool:
+    return any(m in exc.upstream_body for m in _NO_SESSION_MESSAGES)

@@ -1,0 +1,6 @@
+"""What the proxy tells operators: metrics, logs, the unknown-route labels and the `status` command.
+
+Owns: the Prometheus registry and every series (`metrics`, `request_metrics`), the log set-up (`logs`), counting
+routes no table classifies (`unknown_routes`) and `vllm-lifeguard status` (`status_cli`). Decides nothing.
+May import: nothing of the proxy.
+"""
