@@ -1,4 +1,4 @@
-"""proxy/exchange.py's `Forward` on a proxy/upstream_pool.py connection, driven read by read without sockets:
+"""proxy/front/exchange.py's `Forward` on a proxy/upstream/pool.py connection, driven read by read without sockets:
 what one read of vLLM's yields for the client goes out in one write (docs/performance.md, issue 39), in order."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any, cast
 import pytest
 
 from proxy.engine import Engine
-from proxy.exchange import Exchange, Forward
-from proxy.gate import Ticket
-from proxy.request_reader import ParsedRequest
-from proxy.upstream_pool import UpstreamConnection, UpstreamPool
+from proxy.front.exchange import Exchange, Forward
+from proxy.front.request_reader import ParsedRequest
+from proxy.lifecycle.gate import Ticket
+from proxy.upstream.pool import UpstreamConnection, UpstreamPool
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 EVENTS = [b'data: {"choices": [{"text": "%d"}]}\n\n' % n for n in range(4)]
