@@ -8,9 +8,12 @@ exception an exchange's callback raises is a bug of ours: the exchange hears of 
 an unreadable or broken response.
 
 Idle connections are reused newest first and never once older than `keepalive_s` (uvicorn, under vLLM,
-closes idle sockets after 5 s: reusing one it is closing is a reset with the request lost). Beyond
-`max_connections` open connections, exchanges wait in arrival order for one to come back (a burst of
-released held requests would overflow vLLM's accept queue otherwise).
+closes idle sockets after 5 s: reusing one it is closing is a reset with the request lost). At most
+`max_connecting` connections are being opened at once: a burst of released held requests (thousands, at a
+verified `/resume`) would otherwise send vLLM that many SYNs at once, past its listen backlog. Exchanges beyond it
+wait in arrival order for a connection that comes back or a connect that ends. Open connections are not capped
+(`max_connections`, 0 by default): each is one client's request, and a stream holds its connection for the whole
+generation, so a cap below the streams at once starves the ones past it for a generation or for ever.
 """
 
 from __future__ import annotations
@@ -239,6 +242,7 @@ class UpstreamPool:
         connect: Connector,
         *,
         max_connections: int,
+        max_connecting: int,
         keepalive_s: float,
         connect_timeout_s: float,
         name: str,
@@ -246,13 +250,15 @@ class UpstreamPool:
     ) -> None:
         self._connect = connect
         self.address = address  # host:port, for errors a person reads
-        self._max = max_connections
+        self._max = max_connections or None
+        self._max_connecting = max_connecting
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
         self._idle: list[UpstreamConnection] = []
         self._waiting: collections.deque[Waiter] = collections.deque()
         self._open = 0
+        self._connecting = 0
         self._tasks = Tasks()
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
@@ -260,6 +266,14 @@ class UpstreamPool:
     @property
     def open_connections(self) -> int:
         return self._open
+
+    @property
+    def connecting(self) -> int:
+        """Connections being opened now."""
+        return self._connecting
+
+    def _may_open(self) -> bool:
+        return self._connecting < self._max_connecting and (self._max is None or self._open < self._max)
 
     def acquire(self, waiter: Waiter) -> None:
         """Hand `waiter` a connection now if one is idle, else once one is opened or given back."""
@@ -273,13 +287,14 @@ class UpstreamPool:
             return
         if self._closed:
             waiter.connect_failed(f"the {self._name} pool is closed")
-        elif self._open < self._max:
+        elif self._may_open():
             self._open_for(waiter)
         else:
             self._waiting.append(waiter)
 
     def _open_for(self, waiter: Waiter) -> None:
         self._open += 1
+        self._connecting += 1
         self._tasks.spawn(self._open_connection(waiter), name=f"connect-{self._name}")
 
     async def _open_connection(self, waiter: Waiter) -> None:
@@ -288,6 +303,7 @@ class UpstreamPool:
                 _, conn = await self._connect(lambda: UpstreamConnection(self))
         except (OSError, TimeoutError) as exc:
             self._open -= 1
+            self._connecting -= 1
             if isinstance(exc, TimeoutError):
                 why = f"no connection to {self.address} within {self._connect_timeout_s:g} s"
             else:
@@ -299,11 +315,13 @@ class UpstreamPool:
                     waiter.crashed("upstream", exc)
             self._next_waiter()
             return
+        self._connecting -= 1
         if waiter.wants_connection:
             _hand(waiter, conn)
         else:
             conn.reusable = True
             conn.release()
+        self._next_waiter()
 
     def _release(self, conn: UpstreamConnection) -> None:
         while self._waiting:
@@ -326,7 +344,7 @@ class UpstreamPool:
         self._next_waiter()
 
     def _next_waiter(self) -> None:
-        while self._waiting and self._open < self._max and not self._closed:
+        while self._waiting and self._may_open() and not self._closed:
             waiter = self._waiting.popleft()
             if waiter.wants_connection:
                 self._open_for(waiter)
