@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from . import __version__
 from .config import Settings
 from .engine import Engine
-from .front.engine_set import Fleet
+from .front.engine_set import EngineSet
 from .front.front import Front
 from .front.listener import Listener, listening_sockets
 from .front.model_directory import ModelDirectory
@@ -46,13 +46,13 @@ class Lifeguard:
         self._gpu = gpu
         self._session: aiohttp.ClientSession | None = None
         self._listeners: list[Listener] = []
-        self.fleet: Fleet | None = None
+        self.engine_set: EngineSet | None = None
         self.front: Front | None = None
 
     @property
     def engines(self) -> dict[str, Engine]:
-        assert self.fleet is not None, "Lifeguard.start() first"
-        return self.fleet.engines
+        assert self.engine_set is not None, "Lifeguard.start() first"
+        return self.engine_set.engines
 
     @property
     def port(self) -> int:
@@ -100,7 +100,7 @@ class Lifeguard:
             for config in self.engine_settings
         }
         locks = GpuLocks(settings.lifecycle_queue_timeout_s, node, on_wait=metrics.gpu_lock_waited)
-        self.fleet = Fleet(
+        self.engine_set = EngineSet(
             settings=settings,
             engines=engines,
             arbiter=Arbiter(settings, engines, devices, metrics, locks) if shared else None,
@@ -108,7 +108,7 @@ class Lifeguard:
             router=Router(engines, build_table(settings.routes.items(), unknown_routes=settings.unknown_routes)),
             metrics=metrics,
         )
-        self.front = Front(self.fleet)
+        self.front = Front(self.engine_set)
         for engine in engines.values():
             engine.start()
         socks = [sock] if sock is not None else listening_sockets(host, port)
@@ -120,14 +120,14 @@ class Lifeguard:
         """Stop accepting, answer what is held, give what runs `shutdown_grace_s`, then close everything."""
         for listener in self._listeners:
             await listener.close()
-        if self.fleet is not None:
-            for engine in self.fleet.engines.values():
+        if self.engine_set is not None:
+            for engine in self.engine_set.engines.values():
                 engine.stop_admitting()
         if self.front is not None:
             await self.front.drain(self.settings.shutdown_grace_s)
-        if self.fleet is not None:
-            await self.fleet.tasks.close()
-            await asyncio.gather(*(engine.close() for engine in self.fleet.engines.values()))
+        if self.engine_set is not None:
+            await self.engine_set.tasks.close()
+            await asyncio.gather(*(engine.close() for engine in self.engine_set.engines.values()))
         if self._session is not None:
             await self._session.close()
 

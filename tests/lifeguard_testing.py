@@ -4,8 +4,12 @@ client's request has (tests/conftest.py applies it): shared by every test direct
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import aiohttp
@@ -23,6 +27,14 @@ def missing(component: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{component} (CI=true: a missing component fails, it does not skip)", pytrace=False)
     pytest.skip(f"{component} (outside CI only: CI=true fails here)")
+
+
+def without_lifeguard_env(monkeypatch: pytest.MonkeyPatch, *, keep: frozenset[str] = frozenset()) -> None:
+    """Unset every LIFEGUARD_* variable but those in `keep`: a developer's own would otherwise win over what the
+    test sets up (the config file, the settings it passes) and mask a mismatch."""
+    for name in list(os.environ):
+        if name.upper().startswith("LIFEGUARD_") and name not in keep:
+            monkeypatch.delenv(name)
 
 
 #: The deadline of every request a test client sends unless the test sets its own: well inside pytest's 120 s.
@@ -54,7 +66,7 @@ class LifeguardServer(BaseTestServer):
 
     @property
     def started(self) -> bool:
-        return self.lifeguard.fleet is not None
+        return self.lifeguard.engine_set is not None
 
     async def close(self) -> None:
         if self.started and not self.closed:
@@ -65,3 +77,58 @@ class LifeguardServer(BaseTestServer):
 
 #: `await serve_lifeguard(settings)` (tests/conftest.py): the proxy listening, and a client for it.
 ServeLifeguard = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+async def stream_under_way(
+    counted: Awaitable[object], first_token: asyncio.Event, *, load: str, detail: Callable[[], str] | None = None
+) -> None:
+    """A long stream has reached the engine: its first token came (`first_token` is set), or the engine's GET /load
+    counts it (`counted` returns; then the first token gets a second more). An engine short of CPU can deliver the
+    first token when the stream is nearly done (seen: all of it at once), and a pause, sleep or kill sent only then
+    finds it finished (a rehearsal: finish_reason 'length', not 'abort'). `load` names the /load read in a
+    failure, `detail()` (what the stream saw by then) follows it."""
+    counted_task = asyncio.ensure_future(counted)
+    started = asyncio.ensure_future(first_token.wait())
+    try:
+        done, _ = await asyncio.wait({counted_task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, f"the stream reached neither {load} nor the client in 30 s" + (f": {detail()}" if detail else "")
+        if started not in done:
+            counted_task.result()  # a failed /load read fails here
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(started, 1.0)
+    finally:
+        for task in (counted_task, started):
+            task.cancel()
+        await asyncio.gather(counted_task, started, return_exceptions=True)
+
+
+def start_process_group(
+    argv: list[str], log_path: Path, env: dict[str, str], *, header: str
+) -> subprocess.Popen[bytes]:
+    """`argv` in a session of its own (its process group: stop_process_group stops exactly what it started), with
+    `env` over this process's environment, no stdin, its output appended to `log_path` after the line `header`."""
+    with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        log.write(f"{header}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+
+
+def stop_process_group(process: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a process started in a session of its own (its process group), SIGKILL after `timeout` s."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..observe.status_cli import client_admin_token
 from .html import to_html
 from .matrix import ROWS
 from .report import document, to_json, to_markdown, to_terminal
@@ -69,12 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         if not equals or not name or not path:
             parser.error(f"--lora {spec!r}: expected NAME=PATH")
         lora.append((name, path))
-    token = args.token or os.environ.get("LIFEGUARD_ADMIN_TOKEN") or None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            parser.error(f"cannot read --token-file: {exc.strerror}")
+    try:
+        token = client_admin_token(args.token, args.token_file)
+    except OSError as exc:
+        parser.error(f"cannot read --token-file: {exc.strerror}")
     options = Options(
         url=args.url,
         direct=args.direct,

@@ -45,6 +45,15 @@ async def _untrue(col: Column, reply: Reply, *, sleeping: bool | None = None, pa
     return None
 
 
+async def _sent_while_asleep(col: Column) -> tuple[asyncio.Task[Reply], bool, int]:
+    """A completion sent now: its task, whether it was answered within the pending window, and if not, how many
+    requests the lifeguard says it holds (0 for vLLM itself)."""
+    pending = col.later(col.completion())
+    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
+    held = await col.held() if not done else 0
+    return pending, bool(done), held
+
+
 def _refused(reply: Reply) -> bool:
     return reply.status is not None and 400 <= reply.status < 600
 
@@ -120,9 +129,7 @@ async def repeated_sleep(col: Column) -> Finding:
 
 async def request_during_sleep(col: Column) -> Finding:
     await col.sleep(1)
-    pending = col.later(col.completion())
-    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
-    held = await col.held() if not done else 0
+    pending, done, held = await _sent_while_asleep(col)
     await col.wake()
     reply = await pending
     if done:
@@ -159,9 +166,7 @@ async def wake_comma_tags(col: Column) -> Finding:
 async def partial_wake_then_forward(col: Column) -> Finding:
     await col.sleep(1)
     woke = await col.wake("weights")
-    pending = col.later(col.completion())
-    done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
-    held = await col.held() if not done else 0
+    pending, done, held = await _sent_while_asleep(col)
     await col.wake("kv_cache")
     reply = await pending
     if done:

@@ -1,17 +1,9 @@
-"""The admin token (`admin_token`): who may call the routes that change or steer an engine, and who may read the
-state and the status page.
+"""The admin token (`admin_token`): who may call the routes that change or steer an engine, and read its state.
 
-Lifecycle and control calls, and routes no table knows, need it when it is set; inference and read-only
-routes never do. It comes as `Authorization: Bearer <token>` or `X-Lifeguard-Token: <token>`, is compared in
-constant time, and the header that carried it is never forwarded to vLLM.
-
-`/lifeguard/state` and the status page `/lifeguard/ui` need it too (they show hosts and errors), or a session of
-the status page: a browser cannot add a header to a page it navigates to, so the page's sign-in form
-(proxy/front/status_page.py) leaves a cookie instead. It is not the token: an HMAC of the token and an expiry, accepted
-only by those read-only GETs, never by a lifecycle or control route, so a page on another site that makes the
-browser send it can drive nothing (SameSite=Strict keeps it from being sent at all). A new token ends every session.
-
-Pure: the request's headers (as llhttp gives them: `(name, value)` bytes pairs) in, an answer or an error out.
+Lifecycle and control calls, and routes no table knows, need it when it is set; inference and read-only routes never
+do. It comes as `Authorization: Bearer <token>` or `X-Lifeguard-Token`, is compared in constant time and never
+forwarded to vLLM. The status page's session cookie is an HMAC of the token and an expiry, accepted only by its
+read-only GETs. Pure: llhttp's `(name, value)` header pairs in, an answer or an error out. docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """What the proxy answers itself: lifecycle calls (through the engine's coordinator) and its own routes.
 
-Own routes, at the top level about every engine and under `/engines/<name>/` about that one:
-* `GET /lifeguard/state`: the engine's state (`LifecycleCoordinator.snapshot` and its configuration); at the
-  top level `{"engines": {name: ...}}` plus, with several engines or `gpu_lock_dir`, the arbiter's view (GPUs,
-  footprints, the swap queue, the node's locks), and with one engine that engine's own fields at the top too,
-  as single-engine clients read them;
-* `GET /lifeguard/healthz`: liveness of the proxy alone (never vLLM: a sleeping engine must not restart it);
-* `GET /lifeguard/readyz`: ready while an engine can serve or hold (at the top level: any engine);
-* `GET /lifeguard/serving`: 200 while an engine serves now (proxy/front/readiness.py; at the top level: any engine);
-* `GET /lifeguard/metrics`: every series of the proxy, with an `engine` label where it is about one;
-* with several engines, `GET /v1/models` lists every engine's models.
-Nothing here knows HTTP framing: each answer is a `wire.Answer`.
+`/lifeguard/state`, `healthz`, `readyz`, `serving`, `metrics` and the status page, at the top level about every
+engine and under `/engines/<name>/` about that one; with several engines, `GET /v1/models` lists every engine's
+models. Nothing here knows HTTP framing: each answer is a `wire.Answer`. The routes: docs/reference/routes.md.
 """
 
 from __future__ import annotations
@@ -27,13 +19,13 @@ from ..lifecycle.outcome import Outcome
 from ..lifecycle.states import State
 from . import status_page
 from .admin import check_reader, token_bytes
-from .engine_set import Fleet
-from .readiness import SERVING, engine_refusal, fleet_answer
+from .engine_set import EngineSet
+from .readiness import SERVING, engine_refusal, engines_answer
 from .request_reader import ParsedRequest
 from .routing import Route
 from .wire import Answer, json_answer
 
-OwnRoute = Callable[[Fleet, Engine | None, ParsedRequest], Awaitable[Answer]]
+OwnRoute = Callable[[EngineSet, Engine | None, ParsedRequest], Awaitable[Answer]]
 
 
 async def lifecycle(engine: Engine, op: str, query: str, body: bytes) -> Answer:
@@ -63,21 +55,21 @@ def outcome_answer(outcome: Outcome) -> Answer:
     return Answer(outcome.status, outcome.body, content_type, tuple(headers))
 
 
-async def own(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
+async def own(engine_set: EngineSet, route: Route, request: ParsedRequest) -> Answer:
     """One of the proxy's own routes."""
     if route.path == status_page.PAGE_PATH:
-        return _status_page(fleet, route, request)
+        return _status_page(engine_set, route, request)
     handler = _OWN.get(route.path) if route.path != "/v1/models" else _models
     if handler is None:
         raise NotFound(f"the proxy serves no {route.path}; its own routes are: {', '.join(_OWN)}")
     if request.method not in (b"GET", b"HEAD"):
         raise MethodNotAllowed(f"{route.path} answers GET only")
-    return await handler(fleet, route.engine, request)
+    return await handler(engine_set, route.engine, request)
 
 
-def _status_page(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
+def _status_page(engine_set: EngineSet, route: Route, request: ParsedRequest) -> Answer:
     """The status page, or (POST) its sign-in form's answer; `path` as the browser sees it, for the cookie's Path."""
-    token = token_bytes(fleet.settings.admin_token)
+    token = token_bytes(engine_set.settings.admin_token)
     path = (f"/engines/{route.engine.name}" if route.engine is not None else "") + route.path
     if request.method in (b"GET", b"HEAD"):
         return status_page.page_answer(request.headers, token, path, time.time())
@@ -86,29 +78,29 @@ def _status_page(fleet: Fleet, route: Route, request: ParsedRequest) -> Answer:
     raise MethodNotAllowed(f"{route.path} answers GET, and POST from its sign-in form")
 
 
-async def _state(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
-    check_reader(request.headers, token_bytes(fleet.settings.admin_token), time.time())
-    models = fleet.directory.names()
+async def _state(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    check_reader(request.headers, token_bytes(engine_set.settings.admin_token), time.time())
+    models = engine_set.directory.names()
     if engine is not None:
         return json_answer({**engine.snapshot(), "models": models[engine.name]})
-    engines = {name: {**one.snapshot(), "models": models[name]} for name, one in fleet.engines.items()}
+    engines = {name: {**one.snapshot(), "models": models[name]} for name, one in engine_set.engines.items()}
     state: dict[str, Any] = {"engines": engines}
-    if fleet.arbiter is not None:
-        state.update(await fleet.arbiter.snapshot())
+    if engine_set.arbiter is not None:
+        state.update(await engine_set.arbiter.snapshot())
     if len(engines) == 1:
         state = {**next(iter(engines.values())), **state}
     return json_answer(state)
 
 
-async def _healthz(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+async def _healthz(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
     return json_answer({"status": "ok"})
 
 
-async def _readyz(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+async def _readyz(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
     """Ready while an engine can serve or hold: a sleeping engine keeps the pod ready; a failed, never-started
     or shutting-down one does not. At the top level, any engine: one down must not take the others out of
     the Service."""
-    engines = [engine] if engine is not None else list(fleet.engines.values())
+    engines = [engine] if engine is not None else list(engine_set.engines.values())
     states = {one.name: one.state_name for one in engines}
     ready = any(value not in (State.FAILED.value, State.STARTING.value, "closed") for value in states.values())
     body: dict[str, Any] = {"ready": ready, "engines": states}
@@ -117,30 +109,30 @@ async def _readyz(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -
     return json_answer(body, 200 if ready else 503)
 
 
-async def _serving(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+async def _serving(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
     """200 while an inference request sent now would be forwarded at once (proxy/front/readiness.py); at the top level,
     while any engine's would."""
-    engines = [engine] if engine is not None else list(fleet.engines.values())
+    engines = [engine] if engine is not None else list(engine_set.engines.values())
     refusals = {one.name: engine_refusal(one.coordinator, one.gate, one.settings) for one in engines}
     if len(engines) == 1:
         refusal = refusals[engines[0].name]
         if refusal is not None:
             raise refusal
         return json_answer(SERVING)
-    answer = fleet_answer(refusals)
+    answer = engines_answer(refusals)
     if isinstance(answer, NotServing):
         raise answer
     return json_answer(answer)
 
 
-async def _metrics(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
+async def _metrics(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
     accept = next((value for name, value in request.headers if name.lower() == b"accept"), b"")
-    body, content_type = fleet.metrics.exposition(accept.decode("latin-1"))
+    body, content_type = engine_set.metrics.exposition(accept.decode("latin-1"))
     return Answer(200, body, content_type.encode("latin-1"))
 
 
-async def _models(fleet: Fleet, engine: Engine | None, request: ParsedRequest) -> Answer:
-    return json_answer(await fleet.directory.listing())
+async def _models(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
+    return json_answer(await engine_set.directory.listing())
 
 
 _OWN: dict[str, OwnRoute] = {

@@ -1,4 +1,4 @@
-"""`Fleet`: every engine of one proxy and what stands above them (the arbiter, the model directory, the
+"""`EngineSet`: every engine of one proxy and what stands above them (the arbiter, the model directory, the
 router, the metrics), as the front and the proxy's own routes see them. Built by proxy/app.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .routing import Router
 
 
 @dataclass
-class Fleet:
+class EngineSet:
     settings: Settings
     engines: dict[str, Engine]
     arbiter: Arbiter | None  # several engines, or gpu_lock_dir: who may wake where (proxy/sharing/arbiter.py)

@@ -1,21 +1,10 @@
-"""One request on a client connection of the front (proxy/front/front.py), from the moment it is decided to its
-answer. Every request's whole body is in before it is decided, so nothing here reads from the client.
+"""One request on a client connection, from the moment it is decided to its answer.
 
-* `Forward`: a request sent to an engine's vLLM on a pooled connection (proxy/upstream/pool.py), its
-  answer relayed back: inference the gate admitted (its ticket the gate's in-flight count, registered in
-  `InFlightRequests` so a level-2 sleep ends it), control calls, pass-through and unknown routes, vLLM's
-  own `/metrics`. An inference answer that is vLLM refusing the request because of the engine's own state
-  (its `engine_paused`, its elastic-EP gate: proxy/upstream/refusals.py) is never relayed: the request goes back to
-  the gate once the coordinator has adopted that state (at most `_REHOLDS` times). Framing rules are
-  proxy/front/wire.py's; back-pressure: while the client's transport is over its high-water mark the upstream
-  connection stops being read. A client that leaves closes the upstream connection, which is what makes
-  vLLM abort a generation.
-* `Answered`: what the proxy answers itself (lifecycle calls, `/lifeguard/*`), made by a coroutine.
-* `SerializedForward`: a control call that touches weights or memory, forwarded once the engine's
-  lifecycle lock is free (`LifecycleCoordinator.exclusive`).
-* `HeldExchange` (proxy/front/held.py): an inference request the gate holds.
-
-Each kind counts its own ending once (`_finish`), and each catches its own bugs (proxy/front/boundary.py).
+* `Forward`: sent to an engine's vLLM on a pooled connection (upstream/pool.py) and its answer relayed back; an
+  answer that is vLLM refusing for its own state (upstream/refusals.py) goes back to the gate instead.
+* `Answered`: what the proxy answers itself; `SerializedForward`: a control call that waits for the lifecycle lock.
+* `HeldExchange` (held.py): an inference request the gate holds.
+Each kind counts its own ending once and catches its own bugs (boundary.py). docs/design.md tells the rest.
 """
 
 from __future__ import annotations

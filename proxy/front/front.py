@@ -1,21 +1,10 @@
 """The front: the proxy's one listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
 
-Each request is read once. Its head decides where it goes (proxy/front/routing.py: the engine, the route kind,
-the admin token for guarded routes); once its whole body is in, it becomes one exchange (proxy/front/exchange.py):
-inference the gate admits goes to the engine's vLLM at once, one it holds waits parked in the engine's gate
-as its bytes (proxy/front/held.py), control and pass-through routes are forwarded on the same pooled connections,
-and what the proxy answers itself (lifecycle calls, `/lifeguard/*`) is made by proxy/front/answers.py. One
-keep-alive connection may mix them all; pipelined requests are answered in order.
-
-What the front refuses itself, in the one error format (proxy/front/wire.py): what the request reader refuses
-(proxy/front/request_reader.py: smuggling, oversized heads), then the connection is closed; a declared or
-received body over `max_body_bytes` (413) and a body that stops arriving (408 after `client_body_timeout_s`),
-closed too; a target read two ways (400), an unknown engine (404), a guarded route without the admin token
-(401/403), the connection kept when the body was read. A connection without complete headers
-`client_idle_timeout_s` after it opened or after its last answer is closed without a word.
-
-Every callback here catches what it did not expect (proxy/front/boundary.py): the client is answered and the
-proxy serves on.
+Each request is read once; its head decides where it goes (routing.py); once its whole body is in it becomes one
+exchange (exchange.py): forwarded, held (held.py) or answered by the proxy (answers.py). One keep-alive
+connection may mix them all; pipelined requests are answered in order. What the front refuses itself (smuggling,
+oversized heads and bodies, slow bodies, ambiguous targets, unknown engines, a missing token) is answered in the one
+error format (wire.py). Every callback catches what it did not expect (boundary.py).
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ from ..upstream.refusals import Refusal
 from .admin import admin_carrier
 from .answers import lifecycle, own
 from .boundary import caught
-from .engine_set import Fleet
+from .engine_set import EngineSet
 from .exchange import Answered, Exchange, Forward, SerializedForward
 from .held import HeldExchange, not_forwarded
 from .request_reader import ParsedRequest, RequestReader
@@ -51,11 +40,11 @@ _NOT_PAUSED: frozenset[str] = frozenset()
 class Front:
     """What every client connection of one proxy shares, and the connections themselves."""
 
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.settings = fleet.settings
-        self.router = fleet.router
-        token = fleet.settings.admin_token
+    def __init__(self, engine_set: EngineSet) -> None:
+        self.engine_set = engine_set
+        self.settings = engine_set.settings
+        self.router = engine_set.router
+        token = engine_set.settings.admin_token
         self.admin_token = token.get_secret_value().encode() if token is not None else None
         self.connections: set[FrontConnection] = set()
         self.active = 0
@@ -68,27 +57,27 @@ class Front:
         """The exchange that answers `request` (its body whole); raises the LifeguardError to answer instead."""
         route = request.route
         assert route is not None
-        fleet = self.fleet
+        engine_set = self.engine_set
         if route.kind is None:
-            return Answered(client, request, own(fleet, route, request), tasks=fleet.tasks,
-                            count=fleet.metrics.proxy_error)  # fmt: skip
+            return Answered(client, request, own(engine_set, route, request), tasks=engine_set.tasks,
+                            count=engine_set.metrics.proxy_error)  # fmt: skip
         if route.engine is not None:
             return self.for_engine(client, request, route, route.engine)
         model = model_of(request.whole_body()) if route.by_model else None
         if model is None:
             raise self.router.not_chosen(route)
-        name = fleet.directory.known(model)
+        name = engine_set.directory.known(model)
         if name is None:
-            return Answered(client, request, self._discovered(client, request, route, model), tasks=fleet.tasks,
-                            count=fleet.metrics.proxy_error)  # fmt: skip
-        return self.for_engine(client, request, route, fleet.engines[name])
+            return Answered(client, request, self._discovered(client, request, route, model), tasks=engine_set.tasks,
+                            count=engine_set.metrics.proxy_error)  # fmt: skip
+        return self.for_engine(client, request, route, engine_set.engines[name])
 
     async def _discovered(self, client: FrontConnection, request: ParsedRequest, route: Route, model: str) -> Exchange:
         """A model no engine was known to serve: ask the engines once more (a LoRA adapter loaded since)."""
-        name = await self.fleet.directory.engine_for(model)
+        name = await self.engine_set.directory.engine_for(model)
         if name is None:
             raise ModelNotFound(model)
-        return self.for_engine(client, request, route, self.fleet.engines[name])
+        return self.for_engine(client, request, route, self.engine_set.engines[name])
 
     async def after_refusal(
         self, client: FrontConnection, request: ParsedRequest, engine: Engine, refusal: Refusal
@@ -113,7 +102,7 @@ class Front:
                 client,
                 request,
                 lifecycle(engine, route.op, route.query, request.whole_body()),
-                tasks=self.fleet.tasks,
+                tasks=self.engine_set.tasks,
                 count=metrics.proxy_error,
                 on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
             )
@@ -121,7 +110,8 @@ class Front:
             adapter = reloaded_adapter(request.whole_body()) if route.path == LORA_LOAD_PATH else None
             on_answer = engine.coordinator.adapter_reload_answered(adapter) if adapter is not None else None
             zeroes = resets_weights(route.path, request.whole_body())
-            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=self.fleet.tasks,
+            tasks = self.engine_set.tasks
+            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=tasks,
                                      on_answer=on_answer, zeroes_weights=zeroes)  # fmt: skip
         if kind is RouteKind.AT_ONCE:
             if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
@@ -260,7 +250,7 @@ class FrontConnection(asyncio.Protocol):
     def _crashed(self, exc: Exception) -> None:
         """A bug of ours while serving this connection (proxy/front/boundary.py): whatever was in progress is ended,
         the client is answered (or, mid-answer, its connection dropped), and the connection closes."""
-        error = caught("client", exc, self._front.fleet.metrics.proxy_error)
+        error = caught("client", exc, self._front.engine_set.metrics.proxy_error)
         active = self._drop_active()
         if active is not None and active.head_sent:
             self.transport.abort()
@@ -279,7 +269,7 @@ class FrontConnection(asyncio.Protocol):
             try:
                 active.client_gone()
             except Exception as bug:
-                caught("client", bug, self._front.fleet.metrics.proxy_error)
+                caught("client", bug, self._front.engine_set.metrics.proxy_error)
         return active
 
     # ----- deciding
@@ -408,9 +398,9 @@ class FrontConnection(asyncio.Protocol):
     def back_to_the_gate(self, old: Exchange, engine: Engine, refusal: Refusal) -> None:
         request = old.request
         request.reholds += 1
-        fleet = self._front.fleet
-        again = Answered(self, request, self._front.after_refusal(self, request, engine, refusal), tasks=fleet.tasks,
-                         count=engine.metrics.proxy_error)  # fmt: skip
+        engine_set = self._front.engine_set
+        again = Answered(self, request, self._front.after_refusal(self, request, engine, refusal),
+                         tasks=engine_set.tasks, count=engine.metrics.proxy_error)  # fmt: skip
         self.replace_exchange(old, again)
         again.start()
 

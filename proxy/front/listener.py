@@ -1,12 +1,8 @@
-"""The proxy's listening socket: connections accepted in batches, each handed to the event loop as a transport of
-the front's protocol (proxy/front/front.py).
+"""The listening socket: connections accepted in batches, each handed to the loop as a transport of the front.
 
-Why not `loop.create_server`: on uvloop (the proxy's loop, proxy/cli.py) a listening socket accepts one connection
-per loop iteration (libuv since 1.45, PR #3696), and an iteration that relays hundreds of streams takes tens of
-milliseconds: a burst of 512 clients was accepted at ~30 a second (docs/performance.md, 2026-12-03). Here every
-readiness of the socket accepts what is queued, up to `ACCEPT_BATCH`, on either loop. When the process runs out of
-descriptors, accepting stops for `_EMFILE_PAUSE_S` (as asyncio's own server does), and what was queued waits in
-the kernel's backlog.
+Not `loop.create_server`: on uvloop a listening socket accepts one connection per loop iteration, and a busy
+iteration takes tens of milliseconds (docs/performance.md, 2026-12-03). Here every readiness accepts what is queued,
+up to `ACCEPT_BATCH`; out of descriptors, accepting pauses as asyncio's own server does.
 """
 
 from __future__ import annotations

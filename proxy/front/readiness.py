@@ -34,7 +34,7 @@ def engine_refusal(coordinator: LifecycleCoordinator, gate: RequestGate, setting
     )
 
 
-def fleet_answer(refusals: Mapping[str, NotServing | None]) -> dict[str, Any] | NotServing:
+def engines_answer(refusals: Mapping[str, NotServing | None]) -> dict[str, Any] | NotServing:
     """Several engines behind one port: serving while any of them is, with each engine's answer beside it."""
     engines = {name: SERVING if refusal is None else _refused(refusal) for name, refusal in refusals.items()}
     if any(refusal is None for refusal in refusals.values()):

@@ -1,12 +1,8 @@
-"""Reading requests off a client connection with llhttp (httptools): one `ParsedRequest` per request, and
-what is refused before anything is decided.
+"""Reading requests off a client connection with llhttp: one `ParsedRequest` each, and what is refused first.
 
-llhttp refuses the request-smuggling shapes by itself (Content-Length with Transfer-Encoding, two
-Content-Lengths, a Transfer-Encoding that does not end in chunked, obs-fold, bad or overflowing chunk
-sizes, bytes a header may not hold): 400 `bad_request`. Added here, aiohttp's limits: a target over 8190
-bytes (414), a header line over 8190 bytes, more than 128 headers, or a head over 64 KiB (431); and an
-HTTP/1.1 request without Host (400, RFC 9112 §3.2). Every refusal ends the connection: what follows on
-the wire cannot be trusted to start where the refused request ends.
+llhttp refuses the request-smuggling shapes itself (400 `bad_request`). Added here, aiohttp's limits: a target over
+8190 bytes (414), a header line over 8190 bytes, more than 128 headers or a head over 64 KiB (431), and an
+HTTP/1.1 request without Host (400). Every refusal ends the connection: what follows cannot be trusted.
 """
 
 from __future__ import annotations

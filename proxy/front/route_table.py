@@ -1,19 +1,9 @@
 """The one table that says how each (method, path) is treated.
 
-Paths are the decoded, canonical ones of proxy/front/target.py. Every route vLLM 0.32 serves is listed on
-purpose (`make test-vllm` fails on a route of the installed vLLM that is not), and so are the framework
-routes of the trainers we support. Kinds:
-
-* LIFECYCLE: validated, serialized and verified by the coordinator.
-* AT_ONCE: control calls forwarded immediately while the engine is up; they must never queue behind
-  a lifecycle call (the trainer's NCCL side runs concurrently with them). Admin token; refused while FAILED.
-* SERIALIZED: control calls that touch weights or memory (LoRA, elastic EP, weight checker, fault
-  recovery): they wait for a lifecycle transition in progress to end, then run at once; never held by a
-  sleep or a pause (trainers send them inside their weight sync). Admin token; refused while FAILED.
-* NEVER_GATED: read-only, health and tokenizer-only routes; always forwarded, in every state.
-* INFERENCE: held or refused by the gate unless the engine is RUNNING.
-* UNKNOWN: no entry. GET/HEAD/OPTIONS are read-only; any other method follows `unknown_routes`:
-  `pass` forwards it at once like vLLM would (admin token required), `hold` treats it as inference.
+Paths are target.py's decoded, canonical ones. Every route of vLLM 0.32 and of the supported trainers' frameworks is
+listed on purpose (`make test-vllm-routes` scans the newest wheel). Kinds: LIFECYCLE (coordinated and verified),
+AT_ONCE and SERIALIZED control calls, NEVER_GATED reads, INFERENCE (gated), UNKNOWN (`unknown_routes` decides).
+What each kind means: docs/reference/routes.md and docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Where a request goes, decided once from its method and target: which engine, and which row of the route
-table (proxy/front/route_table.py), or the proxy's own routes.
+"""Where a request goes, decided once from its method and target: which engine, and which route-table row.
 
-* `/engines/<name>/...` is engine `<name>`, seeing the rest of the path (`/engines/<name>` alone is its `/`);
-  a name no engine has is 404 `unknown_engine`.
-* `/lifeguard/...` is the proxy's own: at the top level about every engine, under `/engines/<name>/` about
-  that one.
-* Anything else goes to the only engine when there is one. With several, inference and read-only routes go
-  to the engine serving the `"model"` of the JSON body (`by_model`: the front reads it once the body is
-  in, proxy/front/model_directory.py), and `GET /v1/models` lists every engine's models; any other route must name
-  its engine (400 `engine_not_chosen`).
+`/engines/<name>/...` is that engine (404 `unknown_engine` for a name none has); `/lifeguard/...` is the proxy's
+own. Anything else goes to the only engine; with several, inference and reads go to the engine serving the body's
+`"model"` (model_directory.py) and any other route must name its engine (400 `engine_not_chosen`).
 """
 
 from __future__ import annotations

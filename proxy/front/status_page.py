@@ -1,18 +1,8 @@
 """`/lifeguard/ui`: one self-contained, read-only status page that draws `/lifeguard/state` every second.
 
-The page (`status_page.html`, a package resource: no build step, nothing fetched from elsewhere) reads the state
-itself, in either shape (several engines under `"engines"`, or one engine's flat snapshot). This module answers
-the page's two requests, as pure functions (the request's headers as llhttp gives them and its body in, a
-`wire.Answer` out); proxy/front/answers.py routes them.
-
-With `admin_token` set, a browser cannot put the token in a header of a page it navigates to, so the page
-answers 401 with a sign-in form; the form POSTs the token (never in a URL, a history or an access log) and gets
-back a session cookie for the page and `/lifeguard/state` only (proxy/front/admin.py): HttpOnly, SameSite=Strict,
-Path of the page's folder, an HMAC of the token and its expiry (12 h), never the token. Scripts send the token in
-a header, as on every other guarded route.
-
-Every answer forbids what the page does not need (Content-Security-Policy: its own inline script and style by
-hash, requests to its own origin only, no frames), so a string from vLLM that reached the DOM could not run.
+Pure functions for the page's two requests (headers and body in, a `wire.Answer` out); answers.py routes them.
+With `admin_token` set the page answers 401 with a sign-in form whose POST leaves a session cookie (admin.py).
+Every answer carries a Content-Security-Policy that allows only the page's own hashed script and style.
 """
 
 from __future__ import annotations

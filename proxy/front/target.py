@@ -1,13 +1,9 @@
 """The request target, decided once: the path that is classified is the path vLLM routes.
 
-vLLM's server (uvicorn + starlette) routes on the percent-decoded path and does not resolve dot
-segments; yarl, under aiohttp's client, does resolve them unless told the URL is already encoded. So a
-target such as `/./sleep` or `/v1/%2e%2e/sleep` would have been classified as an unknown path here and
-turned into `POST /sleep` on the way out. The choice made here: a target whose meaning depends on who
-normalises it is refused with 400 (dot segments, encoded or not; empty segments; an encoded `/` or
-`\\`; a backslash; a NUL; a broken %-escape; a fragment). Every other target is classified on its
-decoded path, exactly as starlette will route it, and forwarded with its bytes unchanged (`raw`).
-Absolute-form targets (`POST http://host/path`, RFC 9112 §3.2.2) are taken as their origin-form.
+vLLM (starlette) routes on the percent-decoded path without resolving dot segments; yarl would resolve them. So a
+target whose meaning depends on who normalises it is refused with 400 (dot or empty segments, an encoded slash or
+backslash, a raw backslash, a NUL, a broken escape, a fragment); every other target is classified on its decoded
+path and forwarded with its bytes unchanged. Absolute-form targets are taken as their origin-form.
 """
 
 from __future__ import annotations

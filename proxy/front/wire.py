@@ -1,12 +1,8 @@
 """The HTTP/1.1 bytes the proxy writes itself, sans I/O: the one place each framing rule is written.
 
-* What is never forwarded (`HOP_BY_HOP`, RFC 9110 §7.6.1, plus the names a `Connection` header lists): the
-  proxy frames each hop itself. Nothing is added towards vLLM (no `X-Forwarded-For`: TRL reads it as the NCCL
-  host), and the proxy's own admin credential never leaves it.
-* Errors the proxy makes have vLLM's OpenAI-style body `{"error": {"message", "type", "param", "code"}}`
-  plus `reason` and `"src": "lifeguard"`, an `X-Lifeguard-Reason` header and, on 503, `Retry-After`. A
-  refusal vLLM made itself (`UpstreamRejected`) goes out as vLLM said it.
-* A stream that already started cannot change its status: it ends with the same error as an SSE event.
+What is never forwarded (hop-by-hop headers, the admin credential; nothing added, no `X-Forwarded-For`); the error
+body in vLLM's OpenAI shape plus `reason` and `"src": "lifeguard"`, with `X-Lifeguard-Reason` and, on 503,
+`Retry-After`; a stream that already started ends with the error as an SSE event.
 """
 
 from __future__ import annotations

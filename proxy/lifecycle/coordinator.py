@@ -1,14 +1,9 @@
-"""`LifecycleCoordinator`: the one owner of the lifecycle state; it alone decides and acts.
+"""`LifecycleCoordinator`: the one owner of an engine's lifecycle state; it alone decides and acts.
 
-Rule (llama-swap #946): a state read that gates a mutation happens in here, under the one lock.
-Everyone else gets `snapshot()` and treats it as advisory.
-
-Each lifecycle call runs as a coordinator-owned task (a client that hangs up does not cancel a wake
-half-way): wait its turn on the lock (FIFO, with a deadline) -> judge it against the state it finds
-(rules.judge) -> begin trigger (the gate starts holding) -> upstream call, watched for engine death ->
-verify -> settle trigger, or adopt what the engine really is and answer 503. An identical call that
-arrives while one is pending joins it and gets the same outcome, because vLLM's own repeats are not
-harmless (a repeated /sleep aborts the requests queued during sleep).
+A state read that gates a mutation happens in here, under the one lock; everyone else reads `snapshot()`. Each
+lifecycle call runs as a coordinator-owned task: wait its turn (FIFO, with a deadline), judge it (rules.judge),
+begin (the gate holds), call vLLM watching for its death, verify, settle or adopt what the engine really is.
+An identical pending call is joined, not repeated: vLLM's own repeats are not harmless. docs/design.md.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
-from .state_file import StateMemo
+from .state_file import StateFile
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums
@@ -84,7 +79,7 @@ class LifecycleCoordinator:
         self._settings = settings
         self.tasks = tasks or Tasks()
         self.inflight = inflight if inflight is not None else InFlightRequests()
-        self._memo = StateMemo(settings.state_file)
+        self._state_file = StateFile(settings.state_file)
         self._client = client
         self._verifier = verifier
         self._gate = gate
@@ -104,13 +99,13 @@ class LifecycleCoordinator:
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums)
         self._sleep = SleepOperations(
-            settings, self.record, self._calls, verifier, gate, metrics, self._memo, self.checksums
+            settings, self.record, self._calls, verifier, gate, metrics, self._state_file, self.checksums
         )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
-        previous = self._memo.load()
+        previous = self._state_file.load()
         if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
-            log.warning("state file read: %s", previous, extra={"event": "memo_loaded"})
+            log.warning("state file read: %s", previous, extra={"event": "state_file_read"})
             if previous.user_pause is not None:
                 self.record.paused_by_user(previous.user_pause)
             if previous.weights_stale is not None:
@@ -497,8 +492,8 @@ class LifecycleCoordinator:
         self._remember()
 
     def _remember(self) -> None:
-        if self._memo.enabled:
-            self._memo.save(self.record.memo())
+        if self._state_file.enabled:
+            self._state_file.save(self.record.persisted_facts())
 
 
 def _outcome_of(error: LifeguardError) -> str:

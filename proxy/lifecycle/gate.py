@@ -1,16 +1,8 @@
 """`RequestGate`: admission of inference requests, the bounded hold queue, and in-flight counting.
 
-The coordinator tells the gate what to do (`set_admission`) after every state change; the gate never
-looks at the machine itself. The fast path (engine RUNNING) is one comparison and a counter, no lock:
-asyncio runs one callback at a time, so the admission read and the in-flight increment are atomic.
-
-A held request is `Parked`: only its owner's callbacks and a deadline, no task, future, timer or coroutine
-per held request. Parked requests enter the queue in the order of their deadlines (one hold timeout for
-all), so one timer, at the first deadline, serves them all.
-
-Every held request ends exactly one way: released (forwarded), client gone (`Parked.cancel`), its deadline
-(`HoldTimeout`), no room (`HoldQueueFull`) or shutdown (`ShuttingDown`); a request already held when the
-engine fails keeps waiting until its deadline, because the engine may come back.
+The coordinator sets the admission after every state change; the fast path (RUNNING) is one comparison and a
+counter. A held request is `Parked`: callbacks and a deadline, no task or timer of its own; one timer serves all.
+It ends exactly one way: released, client gone, `HoldTimeout`, `HoldQueueFull` or `ShuttingDown`.
 """
 
 from __future__ import annotations

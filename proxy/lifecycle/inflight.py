@@ -1,15 +1,8 @@
-"""`InFlightRequests`: the inference requests the proxy has sent to vLLM and not yet seen answered, each
-with a handle to end it.
+"""`InFlightRequests`: the inference requests sent to vLLM and not yet answered, each with a handle to end it.
 
-Why: after a level-2 sleep vLLM holds no valid weights, yet it still queues a request that was on its way
-when the sleep began (or frozen by `mode=keep`) and runs it right after the wake, on discarded weights:
-a 200 with garbage. The proxy knows every such request, so it ends them once the weights are gone, before
-any wake is sent: the upstream connection is closed (vLLM aborts a request whose client went away) and
-the client gets 503 `aborted_by_sleep`, or, on a stream that already started, the same error as an SSE
-event and then the end of the stream. `abort_all` is the entry point for any call after which the weights
-vLLM holds are not those a queued request was sent for (a level-2 sleep today). An entry (a forwarded
-request of proxy/front/exchange.py) ends itself synchronously in `abort`: its upstream connection is closed
-before `abort` returns.
+After a level-2 sleep vLLM still runs a request that was on its way, on discarded weights: a 200 with garbage.
+`abort_all` ends every such request before any wake is sent: its upstream connection is closed (vLLM aborts it) and
+the client gets 503 `aborted_by_sleep`, or that error as an SSE event on a started stream. docs/design.md.
 """
 
 from __future__ import annotations

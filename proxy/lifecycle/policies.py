@@ -1,12 +1,8 @@
-"""Operating policies that start lifecycle calls on their own, through the same serialized and
-verified path as a client's call (`LifecycleCoordinator.submit`):
+"""Policies that start lifecycle calls on their own, through the coordinator's serialized, verified path.
 
-* wake on request (`on_sleeping: wake`): a request that arrives while the engine sleeps wakes it; many
-  arriving requests make one wake, because identical pending calls coalesce. Never onto weights that a
-  level-2 sleep discarded: those need reloading first, or the answers are garbage (unless the arbiter of
-  several engines reloads them after the wake: `swap_sleep_level: 2`).
+* wake on request (`on_sleeping: wake`): arriving requests make one wake (identical calls coalesce), never onto
+  weights a level-2 sleep discarded unless the arbiter reloads them (`swap_sleep_level: 2`);
 * idle auto-sleep (`idle_sleep_after_s`): nothing in flight or held for that long puts the engine to sleep.
-(Drain before sleep is part of the sleep operation itself, in the coordinator.)
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from ..upstream.elastic_ep import ElasticStatus, ElasticVerdict
 from ..upstream.observation import Observation
 from .prefix_cache import Partition
 from .rules import WEIGHTLESS, EngineView, FailureKind, Staleness, asleep_tags_for
-from .state_file import Memo
+from .state_file import PersistedFacts
 from .states import Lifecycle, State
 
 __all__ = ["EngineRecord", "FailureKind"]
@@ -133,9 +133,9 @@ class EngineRecord:
     def weights_stale(self) -> Staleness | None:
         return self._facts.weights_stale
 
-    def memo(self) -> Memo:
+    def persisted_facts(self) -> PersistedFacts:
         """What a restarted proxy could not read back from vLLM (proxy/lifecycle/state_file.py)."""
-        return Memo(
+        return PersistedFacts(
             self.weights_stale,
             self.user_pause,
             tuple(sorted(self.asleep_tags)),

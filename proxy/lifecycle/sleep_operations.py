@@ -20,7 +20,7 @@ from .gate import RequestGate
 from .outcome import Outcome, from_vllm
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
-from .state_file import StateMemo
+from .state_file import StateFile
 from .states import State
 from .verifier import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
 from .weight_checksums import WeightChecksums
@@ -38,7 +38,7 @@ class SleepOperations:
         verifier: Verifier,
         gate: RequestGate,
         metrics: EngineMetrics,
-        memo: StateMemo,
+        state_file: StateFile,
         checksums: WeightChecksums,
     ) -> None:
         self._settings = settings
@@ -47,7 +47,7 @@ class SleepOperations:
         self._verifier = verifier
         self._gate = gate
         self._metrics = metrics
-        self._memo = memo
+        self._state_file = state_file
         self._checksums = checksums
 
     async def run(self, call: LifecycleCall) -> Outcome:
@@ -73,7 +73,7 @@ class SleepOperations:
         before = await self._verifier.read_memory()
         self._record.lifecycle.begin_sleep()
         # written ahead, as for a level-2 sleep: a proxy killed while this runs must not trust the weights after it
-        self._memo.save(replace(self._record.memo(), weights_stale=Staleness.DISCARDED))
+        self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
         reply = await self._calls.post(call, "/collective_rpc", hint=State.PAUSED)
         verdict = await self._verifier.verify(
             Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED), memory_before=before
@@ -136,7 +136,7 @@ class SleepOperations:
             idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
-            self._memo.save(replace(self._record.memo(), weights_stale=Staleness.DISCARDED))
+            self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)

@@ -1,12 +1,7 @@
 """The lifecycle state set and its transition table, as a plain synchronous `transitions.Machine`.
 
-Triggers come in two kinds (mitmproxy's commands vs events):
-* `begin_*` are imperatives with strict sources: an operation may only start from the states listed;
-* `settle_*` and `fail` are facts: the coordinator adopts what it verified or observed,
-  from whatever state it was in, because the engine's truth wins over our expectation.
-
-No callback here does I/O or awaits; a trigger is atomic on the event loop. The coordinator owns the
-machine and is the only caller of triggers.
+`begin_*` triggers are imperatives with strict sources; `settle_*` and `fail` are facts the coordinator adopts from
+whatever state it was in, because the engine's truth wins. No callback does I/O; the coordinator is the only caller.
 """
 
 from __future__ import annotations

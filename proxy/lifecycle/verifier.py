@@ -1,17 +1,9 @@
 """`Verifier`: after vLLM answers a lifecycle call 200, check that the engine really got there.
 
-A 200 only proves that the endpoint returned (vLLM RFC #48310). Three kinds of check, each with its own
-deadline and poll interval:
-* flags - `/health`, `/is_sleeping`, `/is_paused` agree with the expected state. `/is_sleeping` is also
-  true while merely paused and after a partial wake; `/health` stays 200 while asleep;
-* memory - the GPUs' used memory moved as the operation promises (sleep without `--enable-sleep-mode`
-  returns 200 and frees nothing: only NVML sees it);
-* canary - a one-token greedy completion with logprobs is finite, not degenerate, and matches the
-  golden answer recorded while the engine was known good (catches unzeroed pages after a wake, #44972);
-* lora - after a full wake, every LoRA adapter vLLM listed before the sleep (`/v1/models`, the cards with a
-  `parent`) is still listed and answers the canary as it did before (vLLM #53888: an adapter still listed that
-  answers like the base model). A `/v1/models` that cannot be read then is a failed check, not a pass.
-The verifier reports; the coordinator decides what state that means.
+Four kinds of check, each with its own deadline: flags (`/health`, `/is_sleeping`, `/is_paused`), memory (the GPUs'
+used memory moved as promised), canary (a greedy completion matches the golden answer) and LoRA (adapters listed
+before a sleep are listed and answer as before). The verifier reports; the coordinator decides. The lie classes
+each check catches: docs/verification.md.
 """
 
 from __future__ import annotations

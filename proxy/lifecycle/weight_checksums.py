@@ -1,31 +1,9 @@
-"""`WeightChecksums`: vLLM's own weight digests as evidence that the weights are what they must be, and the one
-place that knows which calls zero them.
+"""`WeightChecksums`: vLLM's own weight digests (`/weight_checker`) as evidence, and which calls zero weights.
 
-vLLM 0.32 (`vllm/entrypoints/rl/online/api_router.py`, `vllm/model_executor/model_loader/weight_checksum.py`,
-`Worker.compute_weight_checksums` / `reset_weights` in `vllm/v1/worker/gpu_worker.py`) serves `POST /weight_checker`:
-`{"action": "checksum"}` answers `{"checksums": {"dp0:pp0:pcp0:tp0:<parameter>": "<sha256>", ...}}` (every
-worker's, keyed by its ranks), `compare` answers `{"match", "mismatches"}` against a `baseline`, and `reset` runs
-the workers' `reset_weights` (`zero_weights`: every weight set to zero), answering `{"status": "reset"}`. A
-`/collective_rpc {"method": "reset_weights"}` does the same.
-
-A checksum copies every tensor to the CPU and hashes it (docs/performance.md measures what that costs per GiB),
-so `weight_checksums` says when the proxy asks for one, always inside the transition it verifies (inference is
-held there already) and with its own deadline (`weight_checksum_timeout_s`):
-
-* `off`: never;
-* `reloads`: the checkpoint's checksums are taken while the weights are known to be the checkpoint's: a vLLM
-  process this proxy saw start (nothing listened, a reconcile round's connection refused or reset, then vLLM
-  answers: a new process, holding the checkpoint it loaded); a reload of the checkpoint through `/collective_rpc`
-  (a level-2 wake's reload included) is compared with them;
-* `always`: also before a level-1 sleep and after its wake (the weights must come back bit-exact), and around a
-  weight update session (its checksums become the baseline; an update that changed nothing is reported).
-
-On vLLM-for-CPU the linear layers' weights are repacked for oneDNN and their parameters left empty
-(`dispatch_cpu_unquantized_gemm` in `vllm/model_executor/layers/utils.py`): their digest is the empty string's, the
-same whatever the layer computes with, so there only the embeddings and norms are evidence; the detail says so.
-
-A checksum that cannot be read (a vLLM without `/weight_checker`, a deadline passed) is `unavailable`, never a
-failure. Each comparison is a `Check` (proxy/lifecycle/verifier.py); the caller decides what state it means.
+`weight_checksums` says when they are read, always inside the transition they verify and with their own deadline:
+`off`; `reloads` (the checkpoint's digests, taken from a vLLM this proxy saw start, compared after every reload);
+`always` (also around a level-1 sleep and each update session). A digest that cannot be read is `unavailable`,
+never a failure. vLLM's endpoint, the CPU build's empty digests and the cost: docs/verification.md, docs/design.md.
 """
 
 from __future__ import annotations

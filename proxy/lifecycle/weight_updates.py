@@ -1,19 +1,9 @@
 """`WeightUpdates`: the weight-update operations (the session phases and `/collective_rpc`).
 
-The coordinator runs them under its lock, from a state `rules.judge` accepted, with one exception:
-`/update_weights` inside an open session is forwarded at once, outside the lock, because the trainer's
-NCCL send runs concurrently with it and would deadlock behind a queued call.
-
-A session is opened by `/start_weight_update` on the model, or by `/start_draft_weight_update` on vLLM's
-speculative-decoding drafter (vLLM 0.32 `gpu_worker.py`: the same one-at-a-time session, retargeted; SkyRL
-0.4.0 runs it after the model's own, inside the same pause). Its `/finish_weight_update` loads the
-model's weights again only when the session wrote them: a drafter's session, or a round that
-`skyrl_set_lora_receive_target` armed to build a LoRA adapter, leaves weights a level-2 sleep discarded
-discarded.
-
-`/collective_rpc` `reset_weights` (what `/weight_checker`'s reset runs) zeroes the weights: marked before it is
-sent. A reload of the checkpoint, and a finished session, are checked by the weights' checksums
-(proxy/lifecycle/weight_checksums.py).
+The coordinator runs them under its lock, except `/update_weights` inside an open session: forwarded at once,
+because the trainer's NCCL send runs beside it. `/finish_weight_update` reloads the model only when the session
+wrote it (not a drafter's session, not a LoRA round). `reset_weights` is marked before it is sent; reloads and
+sessions are checked by the weights' checksums (weight_checksums.py). docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What a `/collective_rpc` method does to the engine, read from its name and JSON body (no I/O).
 
-vLLM dispatches `/collective_rpc` to a worker method by name, so the proxy can only know what a call does
-from the trainers' own worker extensions. Most methods leave the engine's lifecycle alone (they are still
-serialized with it). These do not:
-
-* weight loads and writes: `weight_reload_rpc_methods` (vLLM's own `reload_weights`) and
-  `weight_update_rpc_methods` (settings): refused while the weights are asleep; a reload clears stale weights.
-* SkyRL 0.4.0's non-colocated weight sync with `offload_kv_for_weight_sync`
-  (`skyrl/backends/skyrl_train/inference_servers/new_inference_worker_wrap.py`, driven by
-  `workers/worker_dispatch.py` under a `/pause?mode=keep`):
-  - `skyrl_sleep_for_weight_sync {offload_kv}` puts the worker's CuMem allocator to sleep directly: the
-    weights are discarded (the broadcast rewrites them), the KV cache is offloaded to CPU (`offload_kv`,
-    the default) or discarded. vLLM's executor, its `/is_sleeping`, its sleep-state gauge and its
-    `/wake_up` know nothing of it: a `/resume` or a `/wake_up` now would schedule on freed memory.
-  - `skyrl_wake_for_weight_sync {tags}` maps those pools back by tag (`["weights"]` before the broadcast,
-    `["kv_cache"]` after) and does not resume the scheduler.
-* `skyrl_set_lora_receive_target {receive_target}` arms the next weight-update round to build a LoRA
-  adapter (`lora.sync_mode=memory`): that round writes no base weights.
+vLLM dispatches `/collective_rpc` by name, so the proxy knows a method only from the trainers' worker extensions.
+Most leave the lifecycle alone (still serialized with it). These do not: weight reloads and writes (settings
+`weight_reload_rpc_methods`, `weight_update_rpc_methods`); SkyRL 0.4.0's `skyrl_sleep_for_weight_sync` and
+`skyrl_wake_for_weight_sync` (a sleep vLLM's own flags never see); `skyrl_set_lora_receive_target` (the next round
+builds a LoRA adapter, not base weights). docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Log set-up: one handler on the root logger, readable ``key=value`` lines or one JSON object a line.
+"""Log set-up: one handler on the root logger, readable `key=value` lines or one JSON object a line.
 
-Owns: the format of every log line the process writes. Does not own: what is logged. Modules log
-through ``logging.getLogger("lifeguard.<area>")`` and put the facts in ``extra=``::
-
-    log.info("wake_up verified", extra={"event": "lifecycle_op", "operation": "wake_up",
-             "from_state": "SLEEPING", "to_state": "RUNNING", "duration_s": 2.01, "outcome": "ok"})
-
-text (default)::
-
-    2026-05-01T12:00:00.123Z INFO lifeguard.coordinator wake_up verified event=lifecycle_op ...
-
-json::
-
-    {"timestamp": "2026-05-01T12:00:00.123Z", "level": "INFO", "logger": "lifeguard.coordinator",
-     "message": "wake_up verified", "event": "lifecycle_op", ...}
-
-An extra whose key contains "token", "authorization" or "secret" (any case) is dropped, never
-written: the admin token and the trainer's ``Authorization`` header must not reach a log file even
-if a caller passes them by mistake.
+Owns the format of every line, not what is logged: modules log through `logging.getLogger("lifeguard.<area>")`
+with the facts in `extra=` (an `event` name first). An extra whose key contains "token", "authorization" or
+"secret" is dropped, never written. Examples of both formats: docs/observability.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""Prometheus metrics: every series the proxy exports. With proxy/observe/request_metrics.py (the series observed on
-every forwarded request, kept as plain numbers until read) the only modules that import prometheus_client.
+"""Prometheus metrics: every series the proxy exports (with request_metrics.py, the only prometheus_client users).
 
-Owns: the metric objects, their names, HELP texts, buckets and the closed sets of label values.
-Does not own: deciding *when* something happened. Callers report events through intention-named
-methods (``state_changed``, ``hold_finished`` ...) and never touch a metric object directly.
-
-Rules kept here (Prometheus's naming practices, prometheus.io/docs/practices/naming):
-* ``lifeguard_`` prefix, base units (seconds, bytes), ``_total`` on counters.
-* Every label takes its values from a small closed tuple exported below; every combination known
-  in advance is created at start-up so a series reads 0 before its first event, not "no data".
-  The one exception is ``gpu``: the device set is only known once the probe has read it.
-* A label value outside its tuple is a programming error and raises ``KeyError`` naming the value,
-  so a typo in a caller fails its tests instead of inventing a new series in production.
-* Methods on the request path are a dict lookup plus one ``inc``/``observe``/``set``: children are
-  bound once, at construction; the three of every forwarded request are folded at read time.
-* The registry is injected (one per proxy), never prometheus_client's global ``REGISTRY``.
-* Every series about an engine has an ``engine`` label, a single engine's too (``engine="default"`` for
-  ``upstream:``): one shape for one engine or many, so a dashboard, an alert or a query written for one
-  proxy works unchanged when a second engine is added. Series about the proxy itself (its build, its own
-  bugs) have none. Components of one engine are handed its ``EngineMetrics``, whose children are bound.
+Owns the metric objects, names, HELP texts, buckets and closed label sets; callers report events through
+intention-named methods. Every label value comes from a closed tuple (another raises `KeyError`), every known
+combination exists at 0 from the start, the registry is injected, and every series about an engine carries an
+`engine` label, a single engine's too. The metrics: docs/reference/metrics.md.
 """
 
 from __future__ import annotations

@@ -38,6 +38,14 @@ def state_url(url: str) -> str:
     return base if base.endswith("/lifeguard/state") else base + "/lifeguard/state"
 
 
+def client_admin_token(token: str | None, token_file: str | None) -> str | None:
+    """The admin token a command-line client (`status`, `check`) sends: the one in `token_file` (--token-file),
+    else `token` (--token), else $LIFEGUARD_ADMIN_TOKEN; None without one. OSError: the file cannot be read."""
+    if token_file:
+        return Path(token_file).read_text().strip()
+    return token or os.environ.get("LIFEGUARD_ADMIN_TOKEN") or None
+
+
 def fetch_state(url: str, token: str | None, timeout: float) -> dict[str, Any]:
     target = state_url(url)
     headers = {"Accept": "application/json"}
@@ -245,12 +253,10 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         parser.error(f"the URL must start with http:// or https://, not {url!r}")
     if not (args.interval > 0 and args.timeout > 0):
         parser.error("--interval and --timeout need a positive number of seconds")
-    token = args.token or os.environ.get("LIFEGUARD_ADMIN_TOKEN") or None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            parser.error(f"cannot read --token-file: {exc}")
+    try:
+        token = client_admin_token(args.token, args.token_file)
+    except OSError as exc:
+        parser.error(f"cannot read --token-file: {exc}")
     if not args.watch:
         try:
             out.write(render(fetch_state(url, token, args.timeout), transitions=args.transitions) + "\n")

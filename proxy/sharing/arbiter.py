@@ -1,33 +1,10 @@
-"""`Arbiter`: engines on shared GPUs: several in this proxy, or (with `gpu_lock_dir`) one or more beside other
-pods' engines on the node. It stands before each engine's coordinator (the coordinator's `guard`), so a
-trainer's call to one engine's base URL and a wake on request go through it alike.
+"""`Arbiter`: engines on shared GPUs, in this proxy or (with `gpu_lock_dir`) beside other pods' engines.
 
-* Wakes are serialized per GPU: a wake, a weight load (`collective_rpc`, the weight-update phases) or a KV
-  cache release of an engine holds its GPUs (proxy/sharing/gpu_lock.py: this proxy's lock per GPU and, with
-  `gpu_lock_dir`, the node's lock file per GPU UUID, taken in order with the lifecycle queue deadline), so two
-  never run at once on one GPU (vLLM #36753: two wakes at once run out of memory or wedge the CUDA VMM). The
-  locks are first come, first served: the engine whose request has waited longest is swapped in first.
-* Memory admission before a wake: `swap_rules.plan_room` says whether what the wake adds (`wake_need`:
-  nothing from level 0, the rest after a partial wake, else the footprint) fits in its GPUs' free memory;
-  if not, an engine there that holds its memory and may sleep (awake, paused, or asleep at level 0: woken
-  first, which adds nothing; idle ones first, least recently used first) is put to sleep through its own
-  coordinator, verified as any sleep, and the plan is made again. What cannot fit (a pinned, failed or
-  updating neighbour, a footprint larger than the GPUs) is refused with 503 `insufficient_gpu_memory`, and
-  the engine's held requests get that answer at once: nothing is woken into an out-of-memory. The device's
-  free memory counts every process on it, another pod's engines too: read under the node's lock, it admits
-  a wake across pods.
-* Turns (a request for a sleeping model waits its turn, never refused because a neighbour is busy): before a
-  wake asked for by held requests, a neighbour that served requests since they began waiting keeps serving
-  for its turn, `swap_quantum_s` from when they began waiting or from its own wake, whichever is later (a
-  just-woken engine serves what it was woken for). Then it stops admitting (new requests for it are held),
-  what it serves finishes (at most `swap_drain_timeout_s`; its sleep ends what is left), and it is put to
-  sleep; the waiting requests are released together once the wake is verified. The requests it held meanwhile
-  ask for its own wake, which queues behind.
-* An engine this arbiter put to sleep at level 2 (`swap_sleep_level: 2`) gets its weights reloaded
-  (`collective_rpc reload_weights`) and its prefix cache reset right after its wake, before a request runs.
-
-An engine's footprint is its `Footprint` (proxy/gpu/footprint.py): `footprint_gib`, else what its first verified
-wake here added to its GPUs (measured here), else what its own memory reading says.
+It stands before each engine's coordinator (its `guard`). Wakes and weight loads are serialized per GPU
+(gpu_lock.py); before a wake, memory admission (swap_rules.py) puts neighbours to sleep or refuses with 503
+`insufficient_gpu_memory`; requests for a sleeping model wait their turn (`swap_quantum_s`) and are released
+together once the wake is verified; a model put to sleep at level 2 is reloaded after its wake. An engine's size
+is its `Footprint` (gpu/footprint.py). docs/model-swap.md and docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""`GpuLocks`: one transition that takes GPU memory at a time per GPU (a wake, a weight load, a KV release),
-for one engine or several, in this proxy and, with `gpu_lock_dir`, across every lifeguard on the node.
+"""`GpuLocks`: one memory-taking transition at a time per GPU, in this proxy and across the node's lifeguards.
 
-* In this proxy: an asyncio lock per device index, FIFO, so two engines here never run such a transition at
-  once on one GPU.
-* With `gpu_lock_dir` (several pods sharing a GPU node): also a kernel lock, `flock(2)` on
-  `<gpu_lock_dir>/<GPU UUID>.lock`, a directory every lifeguard on the node mounts (a hostPath). Device
-  indices differ between containers; UUIDs do not. The kernel releases the lock the moment its holder's
-  process dies (`kill -9` included): no lease to expire, no stale file to clean up, nothing in the
-  Kubernetes API to be down. It is tried without blocking and tried again every `POLL_S` until the
-  deadline, so no thread ever sits blocked in `flock`; an engine on several GPUs takes them in UUID order,
-  so two pods that each want two GPUs cannot deadlock. The holder writes who it is (host or pod name, pid,
-  engine, operation, since) into the file: the 409 `lifecycle_busy` of a waiter names it, and
-  `/lifeguard/state` shows it.
-
-Both under one deadline, `lifecycle_queue_timeout_s`: this proxy's locks first (index order), then the node's
-(UUID order), released in reverse.
+In this proxy an asyncio lock per device index (FIFO); with `gpu_lock_dir`, also `flock(2)` on
+`<gpu_lock_dir>/<GPU UUID>.lock`, released by the kernel when its holder dies, tried without blocking until the
+deadline, taken in UUID order (no deadlock). The holder writes who it is, so a waiter's 409 `lifecycle_busy`
+names it. One deadline for both: `lifecycle_queue_timeout_s`. docs/gpu-sharing-across-pods.md.
 """
 
 from __future__ import annotations

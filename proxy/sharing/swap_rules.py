@@ -1,13 +1,8 @@
-"""Memory admission for a wake on shared GPUs, as pure functions (no I/O): does the engine fit, and if not,
-which awake engine is put to sleep first.
+"""Memory admission for a wake on shared GPUs, as pure functions: does it fit, and if not, who sleeps first.
 
-The arbiter (proxy/sharing/arbiter.py) reads the GPUs, asks `plan_room`, acts on the answer (one verified sleep),
-reads again and asks again, until the engine fits or nothing more can be put to sleep.
-
-What an engine holds is its `Residency`, not its state: asleep at level 0, paused or partly awake, it
-keeps its memory on the device (found by the two-engine chaos run: such a neighbour was neither counted
-nor put to sleep, and a wake went into vLLM's out of memory). And a wake asks for what is not resident
-yet (`wake_need`): from level 0 nothing (a wake of it asked for the whole footprint and was refused).
+The arbiter reads the GPUs, asks `plan_room`, acts (one verified sleep), and asks again. What an engine holds is its
+`Residency`, not its state (asleep at level 0, paused or partly awake, it keeps its memory); a wake asks only for
+what is not resident yet (`wake_need`).
 """
 
 from __future__ import annotations

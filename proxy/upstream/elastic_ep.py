@@ -1,18 +1,9 @@
-"""Elastic EP as the proxy reads it: the middleware's gate, `/is_scaling_elastic_ep`, and what the two mean together.
+"""Elastic EP as the proxy reads it: the middleware's gate, `/is_scaling_elastic_ep`, and what they mean together.
 
-Sans-IO (the client in control_client.py does the reading). vLLM's elastic-EP middleware (serve/elastic_ep/
-middleware.py) answers 503 `{"error": "<string>"}` to every request while the deployment scales, and for good on a
-data-parallel rank a scale-down retired (0.33). Its `/health` is no witness: 0.33 lets it through the gate, and on a
-retired rank `AsyncLLM.check_health` returns 200 without looking at the engine. So the proxy never trusts `/health`
-here: a gated answer to a flag read makes it ask `/is_scaling_elastic_ep` what is going on (0.33 answers
-`is_scaling_elastic_ep`, `phase`, `epoch`, `error`, `requested_data_parallel_size`; 0.32 only the first, and gates
-the route itself), and decide from the status and the shape, not from the middleware's message:
-
-* scaling (`is_scaling_elastic_ep` true, or phase preparing/committing), or a status that cannot be read (0.32 gates
-  it; a store vLLM cannot reach answers 503; a body that is not the status): SCALING, inference held;
-* phase "failed": the scale failed and vLLM keeps the gate up: FAILED, with vLLM's `error`;
-* gated while no scale is in progress: only a retired rank stays so: RETIRED (the caller reads a flag once more
-  first, so a scale that ended between the two reads is not taken for a retirement).
+Sans-IO. vLLM's elastic-EP middleware answers 503 `{"error": "<string>"}` to every request while scaling and for
+good on a retired rank, and its `/health` is no witness. A gated answer makes the proxy read
+`/is_scaling_elastic_ep` and decide from status and shape: SCALING (inference held), FAILED (phase "failed") or
+RETIRED (gated with no scale in progress, read twice). docs/design.md.
 """
 
 from __future__ import annotations

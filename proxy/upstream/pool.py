@@ -1,19 +1,10 @@
 """A keep-alive pool of raw HTTP/1.1 connections to one origin, responses framed by llhttp (httptools).
 
-One pool per engine (proxy/engine.py). A connection carries one exchange at a time; the exchange (a
-`ResponseSink`, proxy/front/exchange.py) writes its request on `transport` and gets the response as callbacks,
-then hands the connection back with `release()` or drops it with `close()`. Nothing here creates a task per
-request: a pooled connection is handed over synchronously; only opening a new one runs a coroutine. An
-exception an exchange's callback raises is a bug of ours: the exchange hears of it (`crashed`), never as
-an unreadable or broken response.
-
-Idle connections are reused newest first and never once older than `keepalive_s` (uvicorn, under vLLM,
-closes idle sockets after 5 s: reusing one it is closing is a reset with the request lost). At most
-`max_connecting` connections are being opened at once: a burst of released held requests (thousands, at a
-verified `/resume`) would otherwise send vLLM that many SYNs at once, past its listen backlog. Exchanges beyond it
-wait in arrival order for a connection that comes back or a connect that ends. Open connections are not capped
-(`max_connections`, 0 by default): each is one client's request, and a stream holds its connection for the whole
-generation, so a cap below the streams at once starves the ones past it for a generation or for ever.
+One pool per engine. A connection carries one exchange at a time: the exchange (a `ResponseSink`) writes its request
+and gets the response as callbacks, then `release()`s or `close()`s the connection; no task per request. Idle
+connections are reused newest first, never older than `keepalive_s` (uvicorn closes idle sockets after 5 s). At
+most `max_connecting` are being opened at once, the rest waiting in arrival order; open ones are not capped unless
+`max_connections` is set (a stream holds its connection for its whole generation). docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""What vLLM's answer to a forwarded inference request says about the engine: a refusal the proxy must not pass on.
+"""What vLLM's answer to a forwarded inference request says about the engine: a refusal not to pass on.
 
-Pure: status, headers and body bytes in, a `Refusal` (or nothing) out; no I/O, no HTTP library. The data plane asks
-here about every forwarded inference answer; on a refusal it holds the request again instead of relaying it, and
-tells the coordinator (`LifecycleCoordinator.engine_refused`), which reads vLLM's flags and adopts what it finds.
-
-Two refusals, told apart by status, type and body shape, never by vLLM's message text:
-
-* `ENGINE_PAUSED` - vLLM >= 0.33 refuses every new request while a user pause in abort or wait mode lasts
-  (`RequestError(code="engine_paused", retryable=True)`, v1/engine/core.py). The code does not reach the client:
-  `create_error_response` turns the RetryableRequestError into `{"error": {"type": "ServiceUnavailableError",
-  "code": 503, ...}}` with status 503 (serve/exception_handling/error_response.py). A stream has already answered
-  200, so the error is its first event (openai/completion/serving.py: the same type; openai/chat_completion/
-  serving.py: type "InternalServerError" with code 503), then `data: [DONE]`. The other 503s vLLM makes are
-  GracefulHTTPErrors (`--max-num-queued-reqs`, `--max-num-queued-tokens`), typed with the status's phrase
-  "Service Unavailable", so they are not this. Only the multimodal processor's cache miss of a pooling request
-  shares the shape; the coordinator confirms a pause with `/is_paused` before it adopts one.
-* `ELASTIC_EP` - the elastic-EP middleware (serve/elastic_ep/middleware.py) answers every request 503 with a plain
-  `{"error": "<string>"}` while the deployment scales, or for good on a rank a scale-down retired. vLLM's error
-  envelope is an object there, FastAPI's is `{"detail": ...}`: a string is only the middleware's. Which of the two
-  it is comes from `/is_scaling_elastic_ep` (proxy/upstream/elastic_ep.py), not from the message.
+Pure: status, headers and body in, a `Refusal` or nothing out. On a refusal the data plane holds the request again
+and tells the coordinator (`engine_refused`), which reads vLLM's flags. Two refusals, told apart by status, type
+and body shape, never by message text: `ENGINE_PAUSED` (vLLM >= 0.33's pause) and `ELASTIC_EP` (the elastic-EP
+middleware's gate). The shapes, from vLLM's source: docs/design.md.
 """
 
 from __future__ import annotations

@@ -8,18 +8,17 @@ simulator's `/sim/state` must show no violation: the engine never saw a request 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer
+from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer, without_lifeguard_env
 
+from clients.reads import StackReads
 from clients.stand_ins import modules_restored
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
@@ -44,9 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("LIFEGUARD_") and name != "LIFEGUARD_CLIENTS_SITE":
-            monkeypatch.delenv(name)
+    without_lifeguard_env(monkeypatch, keep=frozenset({"LIFEGUARD_CLIENTS_SITE"}))
 
 
 @pytest.fixture(autouse=True)
@@ -56,40 +53,13 @@ def _restore_modules() -> Iterator[None]:
 
 
 @dataclass
-class Stack:
+class Stack(StackReads):
     url: str  # the proxy: what the trainer is pointed at
     sim_url: str
     engine: Engine
     calls: list[str] = field(default_factory=list)  # method and path of every call the proxy received
     sim_calls: list[str] = field(default_factory=list)  # method and path of every call the simulator received
-
-    async def get(self, url: str) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
-            assert response.status == 200, url
-            body: dict[str, Any] = await response.json()
-            return body
-
-    async def sim_state(self) -> dict[str, Any]:
-        return await self.get(f"{self.sim_url}/sim/state")
-
-    async def proxy_state(self) -> dict[str, Any]:
-        return await self.get(f"{self.url}/lifeguard/state")
-
-    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            state = await self.proxy_state()
-            if predicate(state):
-                return
-            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}: {state}"
-            await asyncio.sleep(0.02)
-
-    async def assert_clean(self) -> None:
-        """The engine never saw a request while not ready; the proxy ends RUNNING with nothing held."""
-        state = await self.sim_state()
-        assert state["violations"] == [], state["violations"]
-        await self.wait_for(lambda s: s["state"] == "RUNNING" and s["held_requests"] == 0, "RUNNING, nothing held")
+    get_timeout_s: float = CLIENT_TIMEOUT_S
 
     async def reconciled(self, timeout: float = 10) -> None:
         """Wait for a reconcile round to read the engine's flags: a GET /is_sleeping the simulator receives from

@@ -17,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
+
+from clients.reads import StackReads
 
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 30.0
@@ -63,68 +64,26 @@ def _spawn(name: str, args: Sequence[str], log: Path, env: dict[str, str]) -> su
 
 
 @dataclass
-class ProcessStack:
+class ProcessStack(StackReads):
     """A simulator and the proxy in front of it; `url` is what the trainer is pointed at."""
 
     sim: Server
     proxy: Server
     servers: list[Server] = field(default_factory=list)
+    get_timeout_s: float = 10.0
 
-    @property
-    def url(self) -> str:
-        return self.proxy.url
-
-    @property
-    def sim_url(self) -> str:
-        return self.sim.url
+    def __post_init__(self) -> None:
+        self.url = self.proxy.url
+        self.sim_url = self.sim.url
 
     def logs(self) -> str:
         return "\n".join(server.tail() for server in (self.sim, self.proxy))
-
-    async def get(self, url: str) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
-            assert response.status == 200, (url, response.status, await response.text())
-            body: dict[str, Any] = await response.json()
-            return body
-
-    async def sim_state(self) -> dict[str, Any]:
-        return await self.get(f"{self.sim_url}/sim/state")
-
-    async def proxy_state(self) -> dict[str, Any]:
-        return await self.get(f"{self.url}/lifeguard/state")
 
     async def set_faults(self, *specs: str) -> None:
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with session.post(f"{self.sim_url}/sim/faults", json=list(specs)) as response:
                 assert response.status == 200, await response.text()
-
-    async def wait_for(self, predicate: Any, what: str, timeout: float = 10.0) -> dict[str, Any]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            state = await self.proxy_state()
-            if predicate(state):
-                return state
-            if asyncio.get_running_loop().time() >= deadline:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}: {state}\n{self.logs()}")
-            await asyncio.sleep(0.02)
-
-    async def wait_sim(self, predicate: Any, what: str, timeout: float = 10.0) -> dict[str, Any]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            state = await self.sim_state()
-            if predicate(state):
-                return state
-            if asyncio.get_running_loop().time() >= deadline:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}: {state}\n{self.logs()}")
-            await asyncio.sleep(0.02)
-
-    async def assert_clean(self) -> None:
-        """The engine never saw a request while not ready; the proxy ends RUNNING with nothing held."""
-        state = await self.sim_state()
-        assert state["violations"] == [], state["violations"]
-        await self.wait_for(lambda s: s["state"] == "RUNNING" and s["held_requests"] == 0, "RUNNING, nothing held")
 
     def stop(self) -> None:
         for server in (self.proxy, self.sim):

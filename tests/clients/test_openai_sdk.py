@@ -21,6 +21,15 @@ def sdk(stack: Stack, max_retries: int = 0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=max_retries, timeout=30)
 
 
+async def _call(stack: Stack, path: str) -> int:
+    """A lifecycle call to the proxy (an operator's POST, not the SDK's): its status."""
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout()) as session,
+        session.post(f"{stack.url}{path}") as response,
+    ):
+        return response.status
+
+
 async def test_completions_and_chat_streamed_and_not(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack()
     async with sdk(stack) as client:
@@ -43,13 +52,10 @@ async def test_completions_and_chat_streamed_and_not(make_stack: Callable[..., A
 async def test_a_request_during_sleep_is_answered_after_the_wake(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack()
     async with sdk(stack) as client:
-        async with aiohttp.ClientSession(timeout=client_timeout()) as session:
-            async with session.post(f"{stack.url}/sleep?level=1") as response:
-                assert response.status == 200
-            held = asyncio.ensure_future(client.completions.create(model=MODEL, prompt="Count:", max_tokens=4))
-            await stack.wait_for(lambda s: s["held_requests"] == 1, "the SDK request to be held")
-            async with session.post(f"{stack.url}/wake_up") as response:
-                assert response.status == 200
+        assert await _call(stack, "/sleep?level=1") == 200
+        held = asyncio.ensure_future(client.completions.create(model=MODEL, prompt="Count:", max_tokens=4))
+        await stack.wait_for(lambda s: s["held_requests"] == 1, "the SDK request to be held")
+        assert await _call(stack, "/wake_up") == 200
         completion = await asyncio.wait_for(held, timeout=10)
     assert completion.choices[0].finish_reason == "length"
     await stack.assert_clean()
@@ -57,11 +63,7 @@ async def test_a_request_during_sleep_is_answered_after_the_wake(make_stack: Cal
 
 async def test_a_hold_timeout_is_a_503_with_the_proxys_message(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(hold_timeout_s=0.5)
-    async with (
-        aiohttp.ClientSession(timeout=client_timeout()) as session,
-        session.post(f"{stack.url}/sleep?level=1") as response,
-    ):
-        assert response.status == 200
+    assert await _call(stack, "/sleep?level=1") == 200
     async with sdk(stack) as client:
         with pytest.raises(openai.APIStatusError) as raised:
             await client.completions.create(model=MODEL, prompt="Count:", max_tokens=4)
@@ -72,11 +74,8 @@ async def test_a_hold_timeout_is_a_503_with_the_proxys_message(make_stack: Calla
 
 async def test_a_failed_engine_is_a_503_naming_it(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(sim={"faults": ("wake_up:lie-memory",)}, verify_timeout_s=1.0)
-    async with aiohttp.ClientSession(timeout=client_timeout()) as session:
-        async with session.post(f"{stack.url}/sleep?level=1") as response:
-            assert response.status == 200
-        async with session.post(f"{stack.url}/wake_up") as response:
-            assert response.status == 503  # the wake's 200 was a lie: the memory never came back
+    assert await _call(stack, "/sleep?level=1") == 200
+    assert await _call(stack, "/wake_up") == 503  # the wake's 200 was a lie: the memory never came back
     await stack.wait_for(lambda s: s["state"] == "FAILED", "FAILED")
     async with sdk(stack) as client:
         with pytest.raises(openai.APIStatusError) as raised:
@@ -88,11 +87,7 @@ async def test_a_failed_engine_is_a_503_naming_it(make_stack: Callable[..., Awai
 
 async def test_the_sdks_retry_waits_out_retry_after(make_stack: Callable[..., Awaitable[Stack]]) -> None:
     stack = await make_stack(hold_timeout_s=0.3)
-    async with (
-        aiohttp.ClientSession(timeout=client_timeout()) as session,
-        session.post(f"{stack.url}/sleep?level=1") as response,
-    ):
-        assert response.status == 200
+    assert await _call(stack, "/sleep?level=1") == 200
     arrivals: list[float] = []
     calls_before = len(stack.calls)
 

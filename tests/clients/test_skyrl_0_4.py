@@ -31,6 +31,15 @@ SKYRL_SIM = ("--trainer-server", "skyrl", "--enable-scale-out", "--enable-lora")
 MODEL = "tiny"
 NAMES = [f"model.layers.{i}.mlp.weight" for i in range(5)]
 DRAFT = ["mtp.layers.0.weight"]
+# A push with a drafter, as SkyRL's weight-sync client sends it: the target model's session, then the drafter's.
+DRAFTED_PUSH = [
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/start_draft_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+]
 TRAINER_DEADLINE_S = 60.0
 
 
@@ -128,6 +137,57 @@ async def in_trainer(stack: ProcessStack, flow: Coroutine[Any, Any, Any], timeou
         ) from None
 
 
+async def rollout_held_during_the_push(
+    skyrl: Any, stack: ProcessStack, dispatch: Any, engine_client: Any, *, held_past_the_sync: bool = False
+) -> None:
+    """A weight sync in the trainer and a rollout sent once its push is under way: the rollout is held, then
+    answered (`held_past_the_sync`: still unanswered when the sync has returned)."""
+    trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
+    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
+    async with remote_client(skyrl, stack) as generator:
+        held = asyncio.ensure_future(rollout(generator))
+        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
+        await trainer
+        if held_past_the_sync:
+            assert not held.done()
+        await asyncio.wait_for(held, timeout=10)
+
+
+def nccl_driver(side: Any, skyrl: Any, stack: ProcessStack, **cfg: Any) -> tuple[Any, Any]:
+    """SkyRL's non-colocated driver over NCCL, no drafter (`config(colocate_all=False, backend="nccl", **cfg)`):
+    its dispatch and its engine client."""
+    from clients.skyrl_trainer import config
+
+    sync_client = weight_sync_client(side, stack)
+    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
+    return dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl", **cfg), engine)
+
+
+async def weight_sync(stack: ProcessStack, dispatch: Any, engine_client: Any) -> None:
+    """One `save_weights_for_sampler` of SkyRL's driver, in the trainer (in_trainer)."""
+
+    async def step() -> None:
+        async with engine_client:
+            await dispatch.save_weights_for_sampler()
+
+    await in_trainer(stack, step())
+
+
+async def failing_weight_sync(stack: ProcessStack, dispatch: Any, engine_client: Any) -> BaseException | None:
+    """`weight_sync` where the step fails, as it must (SkyRL's trainer stops on it): what it raised, or None."""
+
+    async def step() -> BaseException | None:
+        async with engine_client:
+            try:
+                await dispatch.save_weights_for_sampler()
+            except Exception as exc:
+                return exc
+        return None
+
+    failed: BaseException | None = await in_trainer(stack, step())
+    return failed
+
+
 def dispatch_for(side: Any, skyrl: Any, stack: ProcessStack, cfg: Any, engine: Any) -> tuple[Any, Any]:
     from clients.skyrl_trainer import PolicyActorGroup
 
@@ -183,18 +243,7 @@ async def test_colocated_rollout_sent_mid_sync_is_held_until_the_kv_cache_wakes(
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=True, backend="ipc"), engine)
     dispatch.mark_all_offloaded()
 
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
-
-    trainer = asyncio.ensure_future(in_trainer(stack, step()))
-    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
-    async with remote_client(skyrl, stack) as generator:
-        held = asyncio.ensure_future(rollout(generator))
-        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
-        await trainer
-        assert not held.done()
-        await asyncio.wait_for(held, timeout=10)
+    await rollout_held_during_the_push(skyrl, stack, dispatch, engine_client, held_past_the_sync=True)
     await stack.assert_clean()  # and the engine never saw it before it was awake
 
 
@@ -215,11 +264,7 @@ async def test_non_colocated_fully_async_offload_freezes_rollouts_and_resumes_th
         in_flight = asyncio.ensure_future(rollout(generator, max_tokens=400))  # frozen by the keep pause
         await stack.wait_sim(lambda s: s["running"] == 1, "the rollout to run")
 
-        async def step() -> None:
-            async with engine_client:
-                await dispatch.save_weights_for_sampler()
-
-        trainer = asyncio.ensure_future(in_trainer(stack, step()))
+        trainer = asyncio.ensure_future(weight_sync(stack, dispatch, engine_client))
         await stack.wait_for(lambda s: s.get("asleep_outside_vllm"), "the worker to free the engine's memory")
         late = asyncio.ensure_future(rollout(generator))
         await stack.wait_for(lambda s: s["held_requests"] == 1, "the new rollout to be held")
@@ -241,23 +286,11 @@ async def test_a_failed_offload_sync_is_not_resumed_onto_the_freed_kv_cache(
     """The send fails after the weights woke: SkyRL skips the KV cache's wake and resumes in its `finally`. vLLM
     would schedule the frozen requests on the freed KV pool (an illegal memory access on a GPU); the proxy
     refuses the /resume and keeps them frozen."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack("--fault", "start_weight_update:error500@1")
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=True)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=True)
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:  # the step fails, as it must: SkyRL's trainer stops on it
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 409, failed
     assert "skyrl_wake_for_weight_sync" in failed.message
     state = await stack.proxy_state()
@@ -269,13 +302,9 @@ async def test_a_failed_offload_sync_is_not_resumed_onto_the_freed_kv_cache(
 async def test_non_colocated_synchronous_offload_sleeps_and_wakes_through_vllm(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
 
     stack = await make_stack()
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=False)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=False)
 
     async def step() -> dict[str, Any]:
         async with engine_client:
@@ -299,25 +328,8 @@ async def test_non_colocated_pause_push_with_drafter_resume_holds_a_rollout_unti
     engine = side.engine("nccl", sync_client, NAMES, draft=DRAFT, sim_url=stack.sim_url)
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
 
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
-
-    trainer = asyncio.ensure_future(in_trainer(stack, step()))
-    await stack.wait_for(lambda s: s["weight_update_active"], "the weight push to start")
-    async with remote_client(skyrl, stack) as generator:
-        held = asyncio.ensure_future(rollout(generator))
-        await stack.wait_for(lambda s: s["held_requests"] == 1, "the rollout to be held")
-        await trainer
-        await asyncio.wait_for(held, timeout=10)
-    assert calls.paths() == [
-        "/start_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/start_draft_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-    ]
+    await rollout_held_during_the_push(skyrl, stack, dispatch, engine_client)
+    assert calls.paths() == DRAFTED_PUSH
     calls.assert_all_closed_and_answered()
     await stack.assert_clean()
 
@@ -354,12 +366,7 @@ async def test_delta_fetches_while_rollouts_run_then_reloads_model_and_drafter_i
         "/fetch_weights",
         "/pause",
         "/reset_prefix_cache",
-        "/start_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/start_draft_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
+        *DRAFTED_PUSH,
         "/resume",
     ]
     calls.assert_all_closed_and_answered()
@@ -396,15 +403,7 @@ async def test_fp8_kv_cache_nan_after_a_level_2_wake_is_caught_by_the_canary_not
     dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=True, backend="ipc"), engine)
     dispatch.mark_all_offloaded()
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 503, failed
     assert "canary" in failed.message and "non-finite logprob" in failed.message, failed.message
     state = await stack.proxy_state()
@@ -421,23 +420,11 @@ async def test_fp8_kv_cache_nan_after_the_worker_sleep_is_caught_at_the_resume(
 ) -> None:
     """The same loss through SkyRL's worker sleep (the weights discarded, `post_kv_cache_wake_up` on the KV
     cache's wake): the canary cannot run while paused, so it runs at the /resume."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack("--fp8-kv-cache")
-    sync_client = weight_sync_client(side, stack)
-    cfg = config(colocate_all=False, backend="nccl", offload_kv=True, fully_async=True)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, cfg, engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack, offload_kv=True, fully_async=True)
 
-    async def step() -> BaseException | None:
-        async with engine_client:
-            try:
-                await dispatch.save_weights_for_sampler()
-            except Exception as exc:
-                return exc
-        return None
-
-    failed = await in_trainer(stack, step())
+    failed = await failing_weight_sync(stack, dispatch, engine_client)
     assert isinstance(failed, aiohttp.ClientResponseError) and failed.status == 503, failed
     assert "resume" in failed.message and "non-finite logprob" in failed.message, failed.message
     state = await stack.proxy_state()
@@ -450,24 +437,17 @@ async def test_a_rollout_after_the_fully_async_sync_never_reuses_the_old_weights
     """SkyRL's NCCL flow pauses with keep and sends no reset: a rollout kept across the sync holds KV blocks, so a
     reset could not succeed anyway (docs/verification.md, class 21). A rollout sharing a long prompt with one served
     before the sync must not be computed on the old weights' blocks (the simulator records any that is)."""
-    from clients.skyrl_trainer import config
 
     stack = await make_stack(drafter=False)
-    sync_client = weight_sync_client(side, stack)
-    engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
-    dispatch, engine_client = dispatch_for(side, skyrl, stack, config(colocate_all=False, backend="nccl"), engine)
+    dispatch, engine_client = nccl_driver(side, skyrl, stack)
     shared = [[1, *range(40, 88)]]  # three of the simulator's 16-token blocks: a system prompt, say
-
-    async def step() -> None:
-        async with engine_client:
-            await dispatch.save_weights_for_sampler()
 
     async with remote_client(skyrl, stack) as generator:
         params = {"max_tokens": 6, "logprobs": 0}
         await generator.generate({"prompt_token_ids": shared, "sampling_params": params})
         kept = asyncio.ensure_future(rollout(generator, max_tokens=3000))
         await stack.wait_sim(lambda s: s["running"] >= 1, "the long rollout to run")
-        await in_trainer(stack, step())
+        await weight_sync(stack, dispatch, engine_client)
         state = await stack.proxy_state()
         assert state["prefix_cache"]["partitioned"], state  # SkyRL sent no reset; the proxy's could not succeed
         after = await generator.generate({"prompt_token_ids": shared, "sampling_params": params})

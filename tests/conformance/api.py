@@ -160,6 +160,15 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 1
         await asyncio.sleep(0.01)
 
 
+async def engine_holds_one(vllm: VllmApi) -> None:
+    """Wait until the engine holds a request: GET /load counts one."""
+
+    async def held() -> bool:
+        return await vllm.server_load() >= 1
+
+    await eventually(held, what="the engine to hold the request (GET /load)")
+
+
 async def settled_chunks(result: StreamResult, quiet_s: float = 0.5, timeout: float = 15.0) -> int:
     """The text-chunk count once none came for ``quiet_s``: a real vLLM short of CPU delivers tokens made
     before a freeze in late bursts, which are not progress made while frozen."""

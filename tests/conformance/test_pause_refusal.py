@@ -17,7 +17,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from conformance.api import VllmApi, eventually, still_pending
+from conformance.api import VllmApi, engine_holds_one, still_pending
 
 PAUSED_BODY = (
     b'{"error":{"message":"Generation is paused. Please retry after it resumes.",'
@@ -49,10 +49,7 @@ def _chat(vllm: VllmApi, **extra: object) -> dict[str, object]:
 
 
 async def _served_after_resume(vllm: VllmApi, request: asyncio.Task[object]) -> None:
-    async def held() -> bool:
-        return await vllm.server_load() >= 1
-
-    await eventually(held, what="the engine to hold the request (GET /load)")
+    await engine_holds_one(vllm)
     assert await still_pending(request)
     assert (await vllm.post("/resume")).status == 200
     await asyncio.wait_for(request, 30)
@@ -117,10 +114,7 @@ async def test_a_sleep_after_the_pause_keeps_refusing_until_the_wake(vllm: VllmA
     if vllm_version == "0.32":
         request = asyncio.create_task(vllm.completion(max_tokens=4))
 
-        async def held() -> bool:
-            return await vllm.server_load() >= 1
-
-        await eventually(held, what="the engine to hold the request (GET /load)")
+        await engine_holds_one(vllm)
         await vllm.wake()
         assert (await asyncio.wait_for(request, 30)).status == 200
         return
@@ -134,10 +128,7 @@ async def test_a_sleep_alone_queues_on_every_release(vllm: VllmApi) -> None:
     await vllm.sleep(1)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
 
-    async def held() -> bool:
-        return await vllm.server_load() >= 1
-
-    await eventually(held, what="the engine to hold the request (GET /load)")
+    await engine_holds_one(vllm)
     assert await still_pending(request)
     await vllm.wake()
     assert (await asyncio.wait_for(request, 30)).status == 200

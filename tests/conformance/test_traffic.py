@@ -3,44 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
+from lifeguard_testing import stream_under_way
 
-from conformance.api import StreamResult, VllmApi, eventually, settled_chunks, still_pending
-
-
-async def _engine_holds_one(vllm: VllmApi) -> None:
-    async def held() -> bool:
-        return await vllm.server_load() >= 1
-
-    await eventually(held, what="the engine to hold the request (GET /load)")
+from conformance.api import StreamResult, VllmApi, engine_holds_one, eventually, settled_chunks, still_pending
 
 
 async def _under_way(vllm: VllmApi, result: StreamResult) -> None:
-    """The long stream has reached the engine: its first token came, or GET /load counts it (then the first token
-    gets a second more). A real vLLM short of CPU can deliver the first token when the stream is nearly done (seen
-    here: all of it at once), and a pause or sleep sent only then found nothing left to end (a rehearsal:
-    finish_reason 'length', not 'abort')."""
-    counted = asyncio.ensure_future(_engine_holds_one(vllm))
-    started = asyncio.ensure_future(result.first_text.wait())
-    try:
-        done, _ = await asyncio.wait({counted, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        assert done, "the stream reached neither GET /load nor the client in 30 s"
-        if started not in done:
-            counted.result()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(started, 1.0)
-    finally:
-        for task in (counted, started):
-            task.cancel()
-        await asyncio.gather(counted, started, return_exceptions=True)
+    """The long stream has reached the engine (lifeguard_testing.stream_under_way)."""
+    await stream_under_way(engine_holds_one(vllm), result.first_text, load="GET /load")
 
 
 async def test_request_sent_while_asleep_is_held_until_wake(vllm: VllmApi) -> None:
     await vllm.sleep(1)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     assert await still_pending(request)
     assert (await vllm.get("/health")).status == 200
     await vllm.wake()
@@ -53,7 +31,7 @@ async def test_request_held_through_a_partial_wake_completes_after_the_last_tag(
     await vllm.sleep(1)
     await vllm.wake("weights")
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     assert await still_pending(request)
     await vllm.wake("kv_cache")
     assert (await asyncio.wait_for(request, 30)).status == 200
@@ -67,7 +45,7 @@ async def test_request_sent_while_paused_is_held_until_resume(vllm: VllmApi, vll
         assert (await vllm.completion(max_tokens=4)).status == 503
         return
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     assert await still_pending(request)
     await vllm.post("/resume")
     assert (await asyncio.wait_for(request, 30)).status == 200
@@ -97,7 +75,7 @@ async def test_sleep_in_wait_mode_returns_after_the_stream_finished(vllm: VllmAp
 async def test_repeated_sleep_aborts_requests_queued_during_sleep(vllm: VllmApi) -> None:
     await vllm.sleep(1)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     assert (await vllm.sleep(1)).status == 200
     answer = await asyncio.wait_for(request, 30)
     assert answer.status == 200
@@ -146,7 +124,7 @@ async def test_resume_while_asleep_serves_the_held_request(vllm: VllmApi) -> Non
     """vLLM's hazard (EngineCore.resume_scheduler checks no sleep): /resume un-pauses a sleeping engine."""
     await vllm.sleep(1)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     assert (await vllm.post("/resume")).status == 200
     assert (await asyncio.wait_for(request, 30)).status == 200
     assert await vllm.is_sleeping()
@@ -155,7 +133,7 @@ async def test_resume_while_asleep_serves_the_held_request(vllm: VllmApi) -> Non
 async def test_abort_requests_ends_a_held_request(vllm: VllmApi) -> None:
     await vllm.post("/pause", mode="keep")  # queued on every release (0.33 refuses new requests in the other modes)
     request = asyncio.create_task(vllm.completion(max_tokens=4))
-    await _engine_holds_one(vllm)
+    await engine_holds_one(vllm)
     answer = await vllm.call("POST", "/abort_requests", json_body={})
     assert answer.status == 200
     assert answer.body["aborted"] >= 1

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from lifeguard_testing import without_lifeguard_env
 from pydantic import SecretStr, ValidationError
 
 import proxy.config
@@ -21,11 +22,7 @@ CONFIG = ROOT / "config" / "lifeguard.yaml"
 @pytest.fixture(autouse=True)
 def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """A developer's LIFEGUARD_* variables would otherwise win over the file and mask a mismatch."""
-    import os
-
-    for name in list(os.environ):
-        if name.upper().startswith("LIFEGUARD_"):
-            monkeypatch.delenv(name)
+    without_lifeguard_env(monkeypatch)
 
 
 def _documented() -> dict[str, Any]:

@@ -4,10 +4,10 @@ manifests use must behave through that window."""
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import pytest
+from lifeguard_testing import without_lifeguard_env
 
 from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.config import Settings
@@ -15,9 +15,7 @@ from proxy.config import Settings
 
 @pytest.fixture(autouse=True)
 def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("LIFEGUARD_"):
-            monkeypatch.delenv(name)
+    without_lifeguard_env(monkeypatch)
 
 
 async def test_liveness_passes_before_vllm_exists_and_readiness_follows_vllm(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from lifeguard_testing import without_lifeguard_env
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
@@ -192,9 +192,7 @@ class Stack:
 
 @pytest.fixture(autouse=True)
 def _no_lifeguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("LIFEGUARD_"):
-            monkeypatch.delenv(name)
+    without_lifeguard_env(monkeypatch)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 from lifeguard_testing import LifeguardServer, ServeLifeguard
 
@@ -100,6 +101,16 @@ class Stack(ProxyState):
         body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
         return self.client.post("/v1/completions", json=body)
 
+    def completion_in_background(self, **extra: Any) -> asyncio.Task[ClientResponse]:
+        """`completion(**extra)` as a task, which ends once the whole answer is read."""
+
+        async def post() -> ClientResponse:
+            resp: ClientResponse = await self.completion(**extra)
+            await resp.read()
+            return resp
+
+        return asyncio.ensure_future(post())
+
     def faults(self, *specs: str) -> None:
         self.sim.set_faults(list(specs))
 
@@ -107,6 +118,17 @@ class Stack(ProxyState):
         """Calls of `op` the engine saw since the test began (not counting the start-up canary)."""
         counters: dict[str, int] = self.sim.state_dict()["counters"]  # type: ignore[assignment]
         return int(counters.get(op, 0)) - (self.generate_baseline if op == "generate" else 0)
+
+
+def held_until(release: asyncio.Event, call: Callable[..., Awaitable[Any]], timeout: float = 10.0) -> Any:
+    """`call` (a simulator engine's method) that first waits for `release`, at most `timeout` s: as in
+    `engine.wake_up = held_until(release, engine.wake_up)`, to see the proxy while the call is under way."""
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.wait_for(release.wait(), timeout)
+        return await call(*args, **kwargs)
+
+    return held
 
 
 async def raw_exchange(stack: Stack, data: bytes, *, read_for: float = 2.0, half_close: bool = False) -> bytes:

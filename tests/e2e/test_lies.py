@@ -20,15 +20,6 @@ from lifeguard_sim.app import SimSettings
 from .conftest import FAST_SIM, Stack
 
 
-def _background(stack: Stack, **extra: Any) -> asyncio.Task[ClientResponse]:
-    async def post() -> ClientResponse:
-        resp: ClientResponse = await stack.completion(**extra)
-        await resp.read()
-        return resp
-
-    return asyncio.ensure_future(post())
-
-
 async def _error(resp: ClientResponse) -> dict[str, Any]:
     body: dict[str, Any] = await resp.json()
     assert body["error"]["src"] == "lifeguard", body
@@ -48,7 +39,7 @@ async def _asleep(stack: Stack, level: int = 1) -> None:
 
 
 async def _hold_one(stack: Stack) -> asyncio.Task[ClientResponse]:
-    task = _background(stack)
+    task = stack.completion_in_background()
     await stack.wait_held(1)
     return task
 
@@ -348,7 +339,7 @@ async def test_6_garbage_that_goes_away_is_noticed_by_the_re_checked_canary_and_
     await _asleep(stack)
     stack.faults("wake_up:garbage")
     assert (await stack.client.post("/wake_up")).status == 503
-    task = _background(stack)
+    task = stack.completion_in_background()
     refused = await task
     assert refused.status == 503 and (await _error(refused))["reason"] == "engine_unavailable"
 
@@ -388,7 +379,7 @@ async def test_6_a_restarted_engine_answering_like_its_checkpoint_is_not_taken_f
 # ----- 7. /sleep while decode is in flight, and the engine dies right after its 200
 async def test_7_engine_dead_after_sleep_200_is_503_failed_and_held_requests_are_not_released(make_stack):
     stack = await make_stack(sim=SimSettings(**{**FAST_SIM.__dict__, "watchdog_seconds": 0.3}))
-    decoding = _background(stack, max_tokens=500)
+    decoding = stack.completion_in_background(max_tokens=500)
     await stack.wait_for(lambda s: s["inflight_requests"] == 1)
     stack.faults("sleep:lie-dead", "sleep:slow:0.3")
     sleep = asyncio.ensure_future(stack.client.post("/sleep?level=1"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import GIB, MEDIUM, EnginesStack
+from e2e.conftest import GIB, MEDIUM, EnginesStack, held_until
 from lifeguard_sim.engine import Engine
 from proxy.lifecycle.calls import LifecycleCall
 from proxy.lifecycle.outcome import Outcome
@@ -224,13 +224,7 @@ async def test_a_request_that_arrives_while_its_engine_is_put_to_sleep_is_swappe
     stack = await make_engines(drain_before_sleep_s=5.0)
     release = asyncio.Event()
     a = stack.sim("a")
-    original_sleep = a.sleep
-
-    async def held_sleep(level: int, mode: str) -> dict[str, object]:
-        await asyncio.wait_for(release.wait(), 10)
-        return await original_sleep(level, mode)
-
-    a.sleep = held_sleep  # type: ignore[method-assign]
+    a.sleep = held_until(release, a.sleep)  # type: ignore[method-assign]
     for_b = asyncio.ensure_future(stack.completion("model-b"))
     await stack.wait_for(lambda s: s["engines"]["a"]["state"] == "FALLING_ASLEEP")
     for_a = asyncio.ensure_future(stack.completion("model-a"))
@@ -258,13 +252,7 @@ async def test_a_gpu_held_past_the_queue_deadline_is_409_lifecycle_busy(make_eng
     stack = await make_engines(sizes=MEDIUM, engine={"a": footprint, "b": footprint}, lifecycle_queue_timeout_s=0.3)
     release = asyncio.Event()
     b = stack.sim("b")
-    original_wake = b.wake_up
-
-    async def held_wake(tags: list[str] | None) -> dict[str, object]:
-        await asyncio.wait_for(release.wait(), 10)
-        return await original_wake(tags)
-
-    b.wake_up = held_wake  # type: ignore[method-assign]
+    b.wake_up = held_until(release, b.wake_up)  # type: ignore[method-assign]
     wake = asyncio.ensure_future(stack.client.post("/engines/b/wake_up"))
     await stack.wait_for(lambda s: any(t["engine"] == "b" and t["running"] for t in s["swap_queue"]))
     busy = await stack.client.post("/engines/a/collective_rpc", json={"method": "reload_weights"})

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import ClientTimeout
 
 from lifeguard_sim.app import SimSettings
@@ -37,6 +38,29 @@ def _fresh_answer(stack: Stack, prompt: str, tokens: int) -> str:
     """What the engine's current weights answer for `prompt` with an empty cache (the simulator's own text rule)."""
     stream = TokenStream(stack.sim.model_seed("tiny"), prompt)
     return "".join(stream.next(Quality.NORMAL).text for _ in range(tokens))
+
+
+def _base(server: Any) -> str:
+    """The URL of the proxy (`stack.client`) or of the simulator (`stack.sim_server`), for a session of our own."""
+    return str(server.make_url("")).rstrip("/")
+
+
+async def _ask(stack: Stack) -> str:
+    """PROMPT's answer through the proxy (greedy, 6 tokens)."""
+    return await _text(await stack.completion(PROMPT, max_tokens=6))
+
+
+def _assert_new_weights(stack: Stack, answer: str, *, old: str) -> None:
+    """`answer` is the current weights' answer to PROMPT with an empty cache, not `old`; no prefix-cache stale hit."""
+    assert answer == _fresh_answer(stack, PROMPT, 6) != old
+    assert _stale_hits(stack) == []
+
+
+@pytest.fixture
+async def stack(make_stack: Any) -> Stack:
+    """The proxy in front of a simulator whose answers take a few milliseconds a token."""
+    stack: Stack = await make_stack(SIM)
+    return stack
 
 
 async def _text(resp: aiohttp.ClientResponse) -> str:
@@ -76,11 +100,10 @@ async def _fully_async_sync(
     return answer
 
 
-async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(make_stack: Any) -> None:
+async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(stack: Stack) -> None:
     """The simulator reproduces vLLM: the reset fails while the kept stream holds blocks, and the cached prompt is
     answered from them (what tests/vllm/test_vllm_prefix_cache.py shows on the real vLLM-for-CPU)."""
-    stack: Stack = await make_stack(SIM)
-    base = str(stack.sim_server.make_url("")).rstrip("/")
+    base = _base(stack.sim_server)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
         before = await _text(await session.post(f"{base}/v1/completions", json=body, timeout=DEADLINE))
@@ -92,11 +115,10 @@ async def test_direct_the_fully_async_order_serves_the_old_weights_prefix(make_s
     assert len(_stale_hits(stack)) == 1
 
 
-async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_succeeds(make_stack: Any) -> None:
-    stack: Stack = await make_stack(SIM)
-    base = str(stack.client.make_url("")).rstrip("/")
+async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_succeeds(stack: Stack) -> None:
+    base = _base(stack.client)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
-        before = await _text(await stack.completion(PROMPT, max_tokens=6))
+        before = await _ask(stack)
         async with _kept_stream(stack, session, base):
             reset = await _fully_async_sync(session, base)
             assert reset is not None and reset.status == 200
@@ -107,10 +129,9 @@ async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_s
             assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["reason"] == (
                 "a weight update session finished"
             )
-            after = await _text(await stack.completion(PROMPT, max_tokens=6))
-            assert after == _fresh_answer(stack, PROMPT, 6) != before
-            assert _stale_hits(stack) == []
-            again = await _text(await stack.completion(PROMPT, max_tokens=6))
+            after = await _ask(stack)
+            _assert_new_weights(stack, after, old=before)
+            again = await _ask(stack)
             assert again == after  # requests after the change still share their own prefix
     # Once nothing is in flight, the reconcile loop's reset succeeds: requests go out as the client sent them.
     await stack.wait_for(lambda s: not s["prefix_cache"]["partitioned"], timeout=10)
@@ -118,46 +139,41 @@ async def test_through_the_proxy_a_failed_reset_partitions_the_cache_until_one_s
     assert 'lifeguard_prefix_cache_partitioned{engine="default"} 0.0' in metrics
     assert 'lifeguard_prefix_cache_resets_total{by="client",engine="default",result="not_cleared"} 1.0' in metrics
     assert 'lifeguard_prefix_cache_resets_total{by="proxy",engine="default",result="cleared"} 1.0' in metrics
-    assert await _text(await stack.completion(PROMPT, max_tokens=6)) == after
+    assert await _ask(stack) == after
     assert _stale_hits(stack) == []
 
 
-async def test_a_forgotten_reset_is_made_by_the_proxy(make_stack: Any) -> None:
-    stack: Stack = await make_stack(SIM)
-    base = str(stack.client.make_url("")).rstrip("/")
-    before = await _text(await stack.completion(PROMPT, max_tokens=6))
+async def test_a_forgotten_reset_is_made_by_the_proxy(stack: Stack) -> None:
+    base = _base(stack.client)
+    before = await _ask(stack)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         assert await _fully_async_sync(session, base, reset=False) is None
     assert stack.sim_count("reset_prefix_cache") == 1  # the proxy's own, once the session finished: it succeeded
     state = await stack.state()
     assert not state["prefix_cache"]["partitioned"]
-    after = await _text(await stack.completion(PROMPT, max_tokens=6))
-    assert after == _fresh_answer(stack, PROMPT, 6) != before
-    assert _stale_hits(stack) == []
+    after = await _ask(stack)
+    _assert_new_weights(stack, after, old=before)
 
 
-async def test_a_reload_through_collective_rpc_counts_as_a_weight_change(make_stack: Any) -> None:
-    stack: Stack = await make_stack(SIM)
-    base = str(stack.client.make_url("")).rstrip("/")
+async def test_a_reload_through_collective_rpc_counts_as_a_weight_change(stack: Stack) -> None:
+    base = _base(stack.client)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
-        await _text(await stack.completion(PROMPT, max_tokens=6))
+        await _ask(stack)
         async with _kept_stream(stack, session, base):
             for path, body in UPDATE.items():
                 assert (await session.post(base + path, json=body, timeout=DEADLINE)).status == 200
-            trained = await _text(await stack.completion(PROMPT, max_tokens=6))
+            trained = await _ask(stack)
             reload = await session.post(base + "/collective_rpc", json={"method": "reload_weights"}, timeout=DEADLINE)
             assert reload.status == 200, await reload.text()
             state = await stack.state()
             assert state["prefix_cache"]["reason"] == "a reload through /collective_rpc (reload_weights)"
-            checkpoint = await _text(await stack.completion(PROMPT, max_tokens=6))
-    assert checkpoint == _fresh_answer(stack, PROMPT, 6) != trained
-    assert _stale_hits(stack) == []
+            checkpoint = await _ask(stack)
+    _assert_new_weights(stack, checkpoint, old=trained)
 
 
-async def test_a_client_salt_is_kept_apart_from_other_clients(make_stack: Any) -> None:
+async def test_a_client_salt_is_kept_apart_from_other_clients(stack: Stack) -> None:
     """Salted by the proxy, two tenants' salts still keep them apart, and a salt vLLM refuses is refused as before."""
-    stack: Stack = await make_stack(SIM)
-    base = str(stack.client.make_url("")).rstrip("/")
+    base = _base(stack.client)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
         async with _kept_stream(stack, session, base):
             await _fully_async_sync(session, base)
@@ -172,9 +188,9 @@ async def test_a_client_salt_is_kept_apart_from_other_clients(make_stack: Any) -
 
 async def test_a_restarted_proxy_keeps_the_partition(make_stack: Any, serve_lifeguard: Any, tmp_path: Any) -> None:
     stack: Stack = await make_stack(SIM, state_file=str(tmp_path / "state.json"))
-    base, sim_base = (str(url.make_url("")).rstrip("/") for url in (stack.client, stack.sim_server))
+    base, sim_base = _base(stack.client), _base(stack.sim_server)
     async with aiohttp.ClientSession(timeout=DEADLINE) as session:
-        before = await _text(await stack.completion(PROMPT, max_tokens=6))
+        before = await _ask(stack)
         async with _kept_stream(stack, session, sim_base):  # sent to vLLM directly: it outlives the proxy
             await _fully_async_sync(session, base)
             salt = (await stack.state())["prefix_cache"]["salt"]
@@ -187,5 +203,4 @@ async def test_a_restarted_proxy_keeps_the_partition(make_stack: Any, serve_life
             assert state["prefix_cache"]["partitioned"] and state["prefix_cache"]["salt"] == salt
             body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
             after = await _text(await client.post("/v1/completions", json=body))
-    assert after == _fresh_answer(stack, PROMPT, 6) != before
-    assert _stale_hits(stack) == []
+    _assert_new_weights(stack, after, old=before)

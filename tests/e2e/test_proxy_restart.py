@@ -98,9 +98,9 @@ async def test_with_a_state_file_a_pause_recorded_while_asleep_survives_a_restar
 async def test_an_unreadable_state_file_means_the_weights_cannot_be_vouched_for(
     make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
-    memo = tmp_path / "lifeguard-state.json"
-    stack = await make_stack(state_file=str(memo))
-    memo.write_text("{not json")
+    state_file = tmp_path / "lifeguard-state.json"
+    stack = await make_stack(state_file=str(state_file))
+    state_file.write_text("{not json")
     client = await _restarted(stack, serve_lifeguard)
     state = await _state(client)
     assert state["state"] == "RUNNING" and state["weights_stale"] is True

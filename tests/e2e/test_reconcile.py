@@ -8,30 +8,26 @@ port-forward would.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
 from .conftest import Stack
-
-
-def _background(stack: Stack) -> asyncio.Task[ClientResponse]:
-    async def post() -> ClientResponse:
-        resp: ClientResponse = await stack.completion()
-        await resp.read()
-        return resp
-
-    return asyncio.ensure_future(post())
 
 
 async def _engine(stack: Stack, aiohttp_client: Any) -> TestClient:
     """A client straight to the simulator: calls made with it are behind the proxy's back."""
     client: TestClient = await aiohttp_client(stack.sim_server)
     return client
+
+
+async def _sleep_is_forwarded(stack: Stack) -> None:
+    """A /sleep now is forwarded, not answered from belief: the engine really sleeps."""
+    resp = await stack.client.post("/sleep?level=1")
+    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
+    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
 
 
 async def test_a_sleep_called_behind_our_back_is_adopted_as_drift_and_recorded(make_stack, aiohttp_client):
@@ -44,7 +40,7 @@ async def test_a_sleep_called_behind_our_back_is_adopted_as_drift_and_recorded(m
     (event,) = snapshot["drift_events"]
     assert event["before"] == "RUNNING" and event["after"] == "SLEEPING"
     assert event["observed"] == [True, True]
-    held = _background(stack)  # the proxy now holds inference instead of queueing it on a sleeping vLLM
+    held = stack.completion_in_background()  # the proxy now holds inference instead of queueing it on a sleeping vLLM
     await stack.wait_held(1)
     assert stack.sim_count("generate") == 0
 
@@ -85,9 +81,7 @@ async def test_a_sleep_gauge_left_by_a_lying_sleep_does_not_turn_a_later_pause_i
 
     snapshot = await stack.state()
     assert snapshot["state"] == "PAUSED" and snapshot["drift_events"] == [], snapshot
-    resp = await stack.client.post("/sleep?level=1")  # really forwarded: the engine really sleeps
-    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
-    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+    await _sleep_is_forwarded(stack)
 
 
 async def test_a_stale_sleep_gauge_does_not_turn_a_failed_call_on_a_paused_engine_into_a_sleep(make_stack):
@@ -100,9 +94,7 @@ async def test_a_stale_sleep_gauge_does_not_turn_a_failed_call_on_a_paused_engin
     assert (await stack.client.post("/resume")).status == 503
 
     assert (await stack.state())["state"] == "PAUSED"
-    resp = await stack.client.post("/sleep?level=1")
-    assert resp.status == 200 and "X-Lifeguard-Noop" not in resp.headers
-    assert stack.sim.state_dict()["asleep_tags"] == ["kv_cache", "weights"]
+    await _sleep_is_forwarded(stack)
 
 
 async def test_a_slow_pause_is_never_mistaken_for_drift(make_stack):
@@ -132,7 +124,7 @@ def _kill(how: str) -> Callable[[Stack], None]:
 async def test_a_lost_engine_fails_new_requests_keeps_held_ones_and_comes_back_with_stale_weights(make_stack, how):
     stack = await make_stack()
     assert (await stack.client.post("/sleep?level=1")).status == 200
-    held = _background(stack)
+    held = stack.completion_in_background()
     await stack.wait_held(1)
 
     _kill(how)(stack)
@@ -168,7 +160,7 @@ async def test_hold_while_weights_stale_holds_inference_until_the_weight_update_
     snapshot = await stack.wait_state("RUNNING")
     assert snapshot["weights_stale"] is True
 
-    held = _background(stack)
+    held = stack.completion_in_background()
     await stack.wait_held(1)
     assert (await stack.client.post("/start_weight_update")).status == 200
     assert (await stack.client.post("/update_weights", json={"update_info": {}})).status == 200
@@ -237,7 +229,7 @@ async def test_discarded_weights_stay_discarded_when_the_engine_only_seemed_to_r
     stack = await make_stack()
     assert (await stack.client.post("/sleep?level=2")).status == 200
     assert (await stack.client.post("/wake_up")).status == 200  # awake, no weights: held until a reload
-    held = _background(stack)
+    held = stack.completion_in_background()
     await stack.wait_held(1)
 
     stack.sim.errored = True  # /health 503 for a while, then 200 again: the same process, still without weights

@@ -18,15 +18,6 @@ from .conftest import Stack
 RELOAD = {"method": "reload_weights"}
 
 
-def _background(stack: Stack) -> asyncio.Task[ClientResponse]:
-    async def post() -> ClientResponse:
-        resp: ClientResponse = await stack.completion()
-        await resp.read()
-        return resp
-
-    return asyncio.ensure_future(post())
-
-
 async def _text(resp: ClientResponse) -> str:
     assert resp.status == 200, await resp.text()
     body: dict[str, Any] = await resp.json()
@@ -44,9 +35,19 @@ async def _metric(stack: Stack, line: str) -> bool:
     return line in await (await stack.client.get("/lifeguard/metrics")).text()
 
 
+async def _weight_update(stack: Stack) -> None:
+    """A whole weight update through the proxy: start, one update, finish; each answered 200."""
+    for path, body in (
+        ("/start_weight_update", {}),
+        ("/update_weights", {"update_info": {"names": ["w"]}}),
+        ("/finish_weight_update", {}),
+    ):
+        assert (await stack.client.post(path, json=body)).status == 200, path
+
+
 async def _held_then_dropped(stack: Stack) -> None:
     generated = stack.sim_count("generate")
-    task = _background(stack)
+    task = stack.completion_in_background()
     await stack.wait_held(1)
     assert not task.done() and stack.sim_count("generate") == generated
     task.cancel()
@@ -78,7 +79,7 @@ async def test_a_reset_holds_inference_until_reload_weights_then_answers_with_th
     assert await _metric(stack, 'lifeguard_weights_stale{engine="default"} 1.0')
     serving = await stack.client.get("/lifeguard/serving")
     assert serving.status == 503 and (await serving.json())["error"]["cause"] == "weights_reset"
-    task = _background(stack)
+    task = stack.completion_in_background()
     await stack.wait_held(1)
     assert not task.done() and stack.sim_count("generate") == generated  # nothing ran on the zeroed weights
 
@@ -95,15 +96,10 @@ async def test_a_reset_through_reset_weights_is_held_until_a_weight_update_sessi
     stack = await make_stack()
     assert (await stack.client.post("/collective_rpc", json={"method": "reset_weights"})).status == 200
     assert (await stack.state())["weights_stale_reason"] == "reset"
-    task = _background(stack)
+    task = stack.completion_in_background()
     await stack.wait_held(1)
 
-    for path, body in (
-        ("/start_weight_update", {}),
-        ("/update_weights", {"update_info": {"names": ["w"]}}),
-        ("/finish_weight_update", {}),
-    ):
-        assert (await stack.client.post(path, json=body)).status == 200, path
+    await _weight_update(stack)
 
     assert (await task).status == 200
     assert (await stack.state())["weights_stale"] is False
@@ -212,11 +208,6 @@ async def test_an_update_session_that_changed_no_tensor_is_reported_not_failed(m
     last = (await stack.state())["weight_checksums"]["last_check"]
     assert last["result"] == "pass" and "changed none of the 8 tensors" in last["detail"]
 
-    for path, body in (
-        ("/start_weight_update", {}),
-        ("/update_weights", {"update_info": {"names": ["w"]}}),
-        ("/finish_weight_update", {}),
-    ):
-        assert (await stack.client.post(path, json=body)).status == 200, path
+    await _weight_update(stack)
     assert await _metric(stack, 'lifeguard_weight_updates_unchanged_total{engine="default"} 1.0')
     assert (await stack.state())["weight_checksums"]["last_check"]["detail"] == "new baseline taken"

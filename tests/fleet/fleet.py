@@ -25,9 +25,7 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,17 +52,10 @@ class Proc:
     def __init__(self, name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
-        with open(self.log_path, "ab") as log:
-            log.write(f"==== {' '.join(argv)}\n".encode())
-            log.flush()
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-            )
+        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` starts nothing.
+        from lifeguard_testing import start_process_group
+
+        self.popen = start_process_group(argv, self.log_path, env or {}, header=f"==== {' '.join(argv)}")
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -76,15 +67,10 @@ class Proc:
             return "(no log)"
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` stops nothing.
+        from lifeguard_testing import stop_process_group
+
+        stop_process_group(self.popen, timeout)
 
 
 @dataclass
@@ -450,6 +436,19 @@ def table(runs: list[dict[str, Any]]) -> str:
             f"{r['p99_ms']} | {r['late_p99_ms']} ({r['late_sent']} requests) |"
         )
     return "\n".join(rows)
+
+
+def assert_serving_takes_the_sleeper_out(baseline: dict[str, Any], serving: dict[str, Any], interval_s: float) -> None:
+    """The two runs' verdict. Both answered everything (a lifeguard holds, never drops). Checked on /health
+    (`baseline`), the sleeping engine keeps its share, held until the wake; on /lifeguard/serving (`serving`) it is
+    out at the router's next check, nothing is held after it, and requests sent once the router could know are
+    answered without waiting for the wake."""
+    assert baseline["held_after_interval"] > 0, baseline
+    for run in (baseline, serving):
+        assert run["lost"] == 0 and run["non_200"] == 0 and run["ok"] == run["sent"], run
+    assert serving["held_after_interval"] == 0, serving
+    assert serving["last_hold_s"] is None or serving["last_hold_s"] <= interval_s + serving["grace_s"], serving
+    assert serving["late_p99_ms"] < baseline["late_p99_ms"], (serving, baseline)
 
 
 def write_report(runs: list[dict[str, Any]], title: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from lifeguard_testing import missing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet import Fleet, run_cycles, write_report  # noqa: E402
+from fleet import Fleet, assert_serving_takes_the_sleeper_out, run_cycles, write_report  # noqa: E402
 
 pytestmark = [pytest.mark.fleet, pytest.mark.timeout(240)]
 
@@ -48,14 +48,5 @@ async def test_vllm_router_with_lifeguard_serving_sends_nothing_to_a_sleeping_en
         serving = (await run_cycles(fleet, session, endpoint="/lifeguard/serving", interval_s=INTERVAL_S)).summary()
     write_report([baseline, serving], "vllm-router 0.1.17, three lifeguard + simulator pairs (make test-fleet)")
 
-    # Today: the sleeping engine keeps its share, held until the wake; still answered (lifeguard holds, and
-    # never drops), so this run also shows nothing is lost either way.
-    assert baseline["held_after_interval"] > 0, baseline
-    for run in (baseline, serving):
-        assert run["lost"] == 0 and run["non_200"] == 0 and run["ok"] == run["sent"], run
-    # With /lifeguard/serving: out at the router's next check, nothing held after it.
-    assert serving["held_after_interval"] == 0, serving
-    assert serving["last_hold_s"] is None or serving["last_hold_s"] <= INTERVAL_S + serving["grace_s"], serving
+    assert_serving_takes_the_sleeper_out(baseline, serving, INTERVAL_S)
     assert serving["holds"] < baseline["holds"], (serving, baseline)
-    # What a client notices: sent once the router could know, answered without waiting for the wake.
-    assert serving["late_p99_ms"] < baseline["late_p99_ms"], (serving, baseline)

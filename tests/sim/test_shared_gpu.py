@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.conftest import SimFactory
+from sim.conftest import Sim, SimFactory
 
 GIB = 1 << 30
 SIZES = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}  # awake 50, asleep 2
@@ -25,13 +25,19 @@ def _engine_use(path: Path, name: str) -> int:
     return int(engines[name]["used_bytes"])
 
 
+async def _a_asleep_then_b(make_sim: SimFactory, gpu: Path, **a_settings: Any) -> tuple[Sim, Sim]:
+    """Engine a on the shared GPU file, put to sleep; then engine b, awake: the device holds 2 + 50 GiB of 80."""
+    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **a_settings, **SIZES)
+    await a.api.sleep(1)
+    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    return a, b
+
+
 async def test_each_engine_writes_its_own_use_and_the_device_shows_the_sum(
     make_sim: SimFactory, tmp_path: Path
 ) -> None:
     gpu = tmp_path / "gpu.json"
-    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **SIZES)
-    await a.api.sleep(1)
-    await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    await _a_asleep_then_b(make_sim, gpu)
     document = _document(gpu)
     assert (_engine_use(gpu, "a"), _engine_use(gpu, "b")) == (2 * GIB, 50 * GIB)
     assert document["used_bytes"] == 52 * GIB and document["total_bytes"] == 80 * GIB
@@ -42,9 +48,7 @@ async def test_a_wake_that_does_not_fit_is_vllms_out_of_memory_and_the_engine_st
     make_sim: SimFactory, tmp_path: Path
 ) -> None:
     gpu = tmp_path / "gpu.json"
-    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", **SIZES)
-    await a.api.sleep(1)
-    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    a, b = await _a_asleep_then_b(make_sim, gpu)
     refused = await a.api.wake()
     assert refused.status == 500
     assert "CUDA Error: out of memory" in json.dumps(refused.body)
@@ -58,9 +62,7 @@ async def test_a_wake_that_does_not_fit_is_vllms_out_of_memory_and_the_engine_st
 
 async def test_with_oom_wedges_every_later_wake_fails_until_a_restart(make_sim: SimFactory, tmp_path: Path) -> None:
     gpu = tmp_path / "gpu.json"
-    a = await make_sim(model="a", gpu_file=gpu, gpu_file_engine="a", oom_wedges=True, **SIZES)
-    await a.api.sleep(1)
-    b = await make_sim(model="b", gpu_file=gpu, gpu_file_engine="b", **SIZES)
+    a, b = await _a_asleep_then_b(make_sim, gpu, oom_wedges=True)
     assert (await a.api.wake()).status == 500
     await b.api.sleep(1)  # room made, but the engine is wedged
     wedged = await a.api.wake()

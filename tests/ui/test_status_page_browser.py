@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.conftest import MEDIUM, EnginesStack, Stack
+from e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
 
 from .chromium import Page, chromium
 
@@ -135,13 +135,7 @@ async def test_several_engines_show_lanes_the_gpu_lock_and_the_swap_queue(
     # The judge's wake waits for the test, so the queue behind it can be seen: it holds GPU 0, the reward waits.
     release = asyncio.Event()
     judge = stack.sim("judge")
-    original_wake = judge.wake_up
-
-    async def held_wake(tags: list[str] | None) -> dict[str, Any]:
-        await asyncio.wait_for(release.wait(), 30)
-        return await original_wake(tags)
-
-    judge.wake_up = held_wake  # type: ignore[method-assign]
+    judge.wake_up = held_until(release, judge.wake_up, timeout=30)  # type: ignore[method-assign]
     async with chromium(tmp_path / "profile", artifacts / "chromium-engines.log") as page:
         await page.navigate(base_url(stack) + "/lifeguard/ui")
         await page.wait_for("Number(document.body.dataset.refreshes) >= 1", "a first refresh")

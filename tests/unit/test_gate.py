@@ -55,6 +55,13 @@ async def held(g: RequestGate, count: int) -> None:
     raise AssertionError(f"{g.held} held, expected {count}")
 
 
+async def request(g: RequestGate, n: int, order: list[int]) -> None:
+    """Request number `n`: once admitted, it writes `n` into `order` and ends."""
+    ticket = await admit(g)
+    order.append(n)
+    ticket.done()
+
+
 async def test_running_admits_at_once_and_counts_in_flight() -> None:
     g, _ = gate()
     g.set_admission(Admission.FORWARD)
@@ -69,12 +76,7 @@ async def test_held_requests_are_released_in_arrival_order() -> None:
     g, endings = gate()
     order: list[int] = []
 
-    async def request(n: int) -> None:
-        ticket = await admit(g)
-        order.append(n)
-        ticket.done()
-
-    tasks = [asyncio.ensure_future(request(n)) for n in range(5)]
+    tasks = [asyncio.ensure_future(request(g, n, order)) for n in range(5)]
     await held(g, 5)
     g.set_admission(Admission.FORWARD)
     await asyncio.gather(*tasks)
@@ -162,16 +164,11 @@ async def test_a_large_release_drains_in_batches_and_newcomers_queue_behind_it()
     g, endings = gate(max_held=1000)
     order: list[int] = []
 
-    async def request(n: int) -> None:
-        ticket = await admit(g)
-        order.append(n)
-        ticket.done()
-
-    tasks = [asyncio.ensure_future(request(n)) for n in range(200)]
+    tasks = [asyncio.ensure_future(request(g, n, order)) for n in range(200)]
     await held(g, 200)
     g.set_admission(Admission.FORWARD)
     assert 0 < g.held < 200  # one batch per loop turn, not all at once
-    tasks.append(asyncio.ensure_future(request(200)))  # arrives while the backlog drains
+    tasks.append(asyncio.ensure_future(request(g, 200, order)))  # arrives while the backlog drains
     await asyncio.gather(*tasks)
     assert order == list(range(201))
     assert endings.count("forwarded") == 201

@@ -339,7 +339,7 @@ async def test_a_lying_sleep_of_one_engine_is_caught_while_its_neighbour_frees_m
 ) -> None:
     """Device totals cannot tell them apart: the device drops by the honest engine's 48 GiB, which is more than
     half of the liar's own 50 GiB, so a device-level check would pass the liar's sleep too."""
-    from test_probes import ASLEEP, FakeClient
+    from test_verifier import ASLEEP, FakeClient
 
     from proxy.config import Settings
     from proxy.lifecycle.verifier import CheckResult, Expectation, MemoryChange, Verifier

@@ -10,7 +10,7 @@ import pytest
 
 from lifeguard_sim.prefix_cache import PrefixCache, salt_problem
 from proxy.lifecycle.prefix_cache import Partition, reset_result, salted
-from proxy.lifecycle.state_file import Memo, StateMemo
+from proxy.lifecycle.state_file import PersistedFacts, StateFile
 
 SALT = Partition.after("test").salt
 
@@ -64,8 +64,8 @@ def test_what_a_reset_answer_says(status: int, body: bytes, result: bool | None)
 def test_the_partition_survives_the_state_file(tmp_path: object) -> None:
     path = f"{tmp_path}/state.json"
     partition = Partition.after("a weight update session finished")
-    StateMemo(path).save(Memo(prefix_partition=partition))
-    assert StateMemo(path).load() == Memo(prefix_partition=partition)
+    StateFile(path).save(PersistedFacts(prefix_partition=partition))
+    assert StateFile(path).load() == PersistedFacts(prefix_partition=partition)
 
 
 def test_the_simulators_cache_chains_blocks_from_a_salted_first_one() -> None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from proxy.config import Settings
 from proxy.lifecycle.record import EngineRecord
 from proxy.lifecycle.rules import Admission, Staleness, admission, serving_refusal
-from proxy.lifecycle.state_file import Memo, StateMemo
+from proxy.lifecycle.state_file import PersistedFacts, StateFile
 from proxy.lifecycle.states import State
 from proxy.lifecycle.weight_checksums import (
     WeightChecksums,
@@ -146,6 +146,6 @@ def test_a_restart_seen_after_a_reset_keeps_the_weights_held() -> None:
 
 def test_a_reset_reads_back_from_the_state_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    StateMemo(str(path)).save(Memo(Staleness.RESET))
+    StateFile(str(path)).save(PersistedFacts(Staleness.RESET))
     assert json.loads(path.read_text())["weights_stale"] == "reset"
-    assert StateMemo(str(path)).load() == Memo(Staleness.RESET)
+    assert StateFile(str(path)).load() == PersistedFacts(Staleness.RESET)

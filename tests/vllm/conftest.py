@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from lifeguard_testing import missing
+from lifeguard_testing import missing, start_process_group, stop_process_group
 from openai import AsyncOpenAI
 from vllm_e2e import load_file_module
 
@@ -161,17 +161,9 @@ class Proxy:
             *self.extra_args,
         ]
         t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n==== start {' '.join(cmd)} env={self.env}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-                start_new_session=True,
-            )
+        self.proc = start_process_group(
+            cmd, self.log_path, self.env, header=f"\n==== start {' '.join(cmd)} env={self.env}"
+        )
         deadline = t0 + timeout
         last: Any = None
         while True:
@@ -194,15 +186,7 @@ class Proxy:
         """SIGTERM the proxy's process group, SIGKILL after ``timeout``."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_process_group(self.proc, timeout)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -232,24 +216,24 @@ def proxy(start_proxy: Callable[..., Proxy]) -> Proxy:
     return start_proxy()
 
 
+def _sdk(url: str) -> AsyncOpenAI:
+    """The openai SDK pointed at `url` (no retries: a retry would hide what the proxy did); closed on leaving
+    `async with`."""
+    return AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
 @pytest.fixture
 async def oai(proxy: Proxy) -> AsyncIterator[AsyncOpenAI]:
-    """The openai SDK pointed at the proxy (no retries: a retry would hide what the proxy did)."""
-    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
+    """The openai SDK pointed at the proxy."""
+    async with _sdk(proxy.url) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
 async def oai_direct(vllm_server: Any) -> AsyncIterator[AsyncOpenAI]:
     """The openai SDK pointed at vLLM directly."""
-    client = AsyncOpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
+    async with _sdk(vllm_server.url) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture

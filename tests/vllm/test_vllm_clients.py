@@ -28,8 +28,20 @@ from typing import Any
 
 import aiohttp
 import pytest
+import vllm_e2e
 from lifeguard_testing import missing
-from vllm_e2e import MODEL, engine_never_saw_it, lg_state, load_file_module, vllm_flags, wait_held, wait_state
+from vllm_e2e import (
+    GREEDY,
+    MODEL,
+    PROMPT_IDS,
+    engine_never_saw_it,
+    lg_state,
+    load_file_module,
+    skyrl_client,
+    vllm_flags,
+    wait_held,
+    wait_state,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 stand_ins = load_file_module("lifeguard_client_stand_ins", REPO / "tests/clients/stand_ins.py")
@@ -40,9 +52,6 @@ pytestmark = [
     # The clients' own code, not ours: SkyRL's _get_session reads aiohttp's deprecated session.loop.
     pytest.mark.filterwarnings("ignore:client.loop property is deprecated:DeprecationWarning"),
 ]
-
-PROMPT_IDS = [1, 45, 74]
-GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 0}
 
 
 @pytest.fixture(scope="session")
@@ -76,17 +85,12 @@ def cancel(task: asyncio.Future[Any]) -> None:
 # ---------------------------------------------------------------- SkyRL
 
 
-def skyrl_client(skyrl: Any, url: str) -> Any:
-    return skyrl.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1, model_name=MODEL)
-
-
 async def skyrl_rollout(engine_client: Any) -> dict[str, Any]:
-    batch = {"prompt_token_ids": [PROMPT_IDS], "sampling_params": dict(GREEDY)}
-    output = await engine_client.generate(batch)
-    assert len(output["response_ids"][0]) == GREEDY["max_tokens"], output
+    """vllm_e2e.skyrl_rollout, and SkyRL 0.3.0's answer says why it stopped and has a logprob per token."""
+    output = await vllm_e2e.skyrl_rollout(engine_client)
     assert output["stop_reasons"] == ["length"]
     assert len(output["response_logprobs"][0]) == GREEDY["max_tokens"]
-    return dict(output)
+    return output
 
 
 async def test_skyrl_generate_and_a_rollout_held_across_a_weights_only_wake(

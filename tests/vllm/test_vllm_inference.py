@@ -73,15 +73,17 @@ def _merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The streamed requests' sampling: greedy, so that the proxy's stream and vLLM's compare; the usage chunk at the end.
+STREAMED: dict[str, Any] = {
+    "max_tokens": 32,
+    "temperature": 0,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
 async def test_streamed_completion_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
-    kw: dict[str, Any] = dict(
-        model=MODEL,
-        prompt=PROMPT,
-        max_tokens=32,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    kw: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, **STREAMED}
     direct = _merge(await _collect(await oai_direct.completions.create(**kw)))
     proxied = _merge(await _collect(await oai.completions.create(**kw)))
     assert direct["usage"]["completion_tokens"] == 32 and direct["choices"][0]["text"]
@@ -89,14 +91,7 @@ async def test_streamed_completion_through_proxy_equals_direct(oai: AsyncOpenAI,
 
 
 async def test_streamed_chat_through_proxy_equals_direct(oai: AsyncOpenAI, oai_direct: AsyncOpenAI) -> None:
-    kw: dict[str, Any] = dict(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=32,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    kw: dict[str, Any] = {"model": MODEL, "messages": CHAT, **STREAMED}
     direct = _merge(await _collect(await oai_direct.chat.completions.create(**kw)))
     proxied = _merge(await _collect(await oai.chat.completions.create(**kw)))
     assert direct["choices"][0]["role"] == "assistant" and direct["usage"]["completion_tokens"] == 32

@@ -26,7 +26,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import MODEL, engine_never_saw_it, lg_state, vllm_flags, wait_held, wait_state, wait_until
+from vllm_e2e import (
+    engine_never_saw_it,
+    lg_state,
+    skyrl_client,
+    skyrl_rollout,
+    vllm_flags,
+    wait_held,
+    wait_state,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # tests/clients as the package `clients`, as in its own suite
@@ -37,9 +46,6 @@ pytestmark = [
     pytest.mark.timeout(240),
     pytest.mark.filterwarnings("ignore:client.loop property is deprecated:DeprecationWarning"),
 ]
-
-PROMPT_IDS = [1, 45, 74]
-GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 0}
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +100,7 @@ def driver(
     from clients.skyrl_trainer import PolicyActorGroup, config
 
     def client() -> Any:
-        return skyrl.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1, model_name=MODEL)
+        return skyrl_client(skyrl, url)
 
     cfg = config(colocate_all=colocate_all, backend="nccl")
     engine = ReloadFromCheckpoint(url, go=go)
@@ -104,13 +110,6 @@ def driver(
     )
     dispatch.mark_all_offloaded()
     return dispatch, engine_client, engine
-
-
-async def rollout(engine_client: Any, max_tokens: int = 8) -> dict[str, Any]:
-    batch = {"prompt_token_ids": [PROMPT_IDS], "sampling_params": {**GREEDY, "max_tokens": max_tokens}}
-    output = await engine_client.generate(batch)
-    assert len(output["response_ids"][0]) == max_tokens, output
-    return dict(output)
 
 
 async def in_trainer(session: aiohttp.ClientSession, url: str, flow: Any, timeout: float = 120) -> Any:
@@ -128,9 +127,9 @@ async def test_skyrl_0_4_colocated_step_is_sleeping_sleep_wake_reload_wake(
 
     async def step() -> tuple[dict[str, Any], dict[str, Any]]:
         async with engine_client:
-            before = await rollout(engine_client)
+            before = await skyrl_rollout(engine_client)
             await dispatch.save_weights_for_sampler()  # /is_sleeping: no -> /sleep?level=2 -> wakes around the reload
-            return before, await rollout(engine_client)
+            return before, await skyrl_rollout(engine_client)
 
     before, after = await in_trainer(session, proxy.url, step())
     assert after["response_ids"] == before["response_ids"], "the checkpoint reloaded: the same greedy answer"
@@ -144,13 +143,11 @@ async def test_skyrl_0_4_colocated_rollout_sent_while_asleep_waits_for_the_reloa
     side: Any, proxy: Any, vllm_server: Any, session: aiohttp.ClientSession
 ) -> None:
     skyrl = stand_ins.skyrl_remote_inference_client(stand_ins.client_site())
-    async with skyrl.RemoteInferenceClient(
-        proxy_url=proxy.url, server_urls=[proxy.url], data_parallel_size=1, model_name=MODEL
-    ) as engine_client:
+    async with skyrl_client(skyrl, proxy.url) as engine_client:
         assert await engine_client.is_sleeping() is False
         await engine_client.sleep()  # level 2: the weights are discarded
         assert await engine_client.is_sleeping() is True  # SkyRL's next sync skips its own sleep
-        held = asyncio.ensure_future(rollout(engine_client))
+        held = asyncio.ensure_future(skyrl_rollout(engine_client))
         try:
             await wait_held(session, proxy.url, 1)
             await engine_client.wake_up(tags=["weights"])
@@ -179,12 +176,10 @@ async def test_skyrl_0_4_non_colocated_pause_reload_resume_freezes_and_holds_rol
     # could end before the rollout was sent (CI rehearsal 2026-12-06: paused for 60 ms, failed twice).
     go = threading.Event()
     dispatch, engine_client, engine = driver(side, skyrl, proxy.url, colocate_all=False, go=go)
-    async with skyrl.RemoteInferenceClient(
-        proxy_url=proxy.url, server_urls=[proxy.url], data_parallel_size=1, model_name=MODEL
-    ) as generator:
+    async with skyrl_client(skyrl, proxy.url) as generator:
         # Frozen by the keep pause. Long enough to be seen running: the tiny model wrote 400 tokens between two
         # polls of vLLM's /load (CI rehearsal 2026-12-06), and the wait below timed out on a rollout already done.
-        in_flight = asyncio.ensure_future(rollout(generator, max_tokens=3000))
+        in_flight = asyncio.ensure_future(skyrl_rollout(generator, max_tokens=3000))
 
         async def step() -> None:
             async with engine_client:
@@ -194,7 +189,7 @@ async def test_skyrl_0_4_non_colocated_pause_reload_resume_freezes_and_holds_rol
         await wait_until(lambda: vllm_flags(session, vllm_server.url), lambda f: f[2] == 1, 30, what="it to run")
         trainer = asyncio.ensure_future(in_trainer(session, proxy.url, step()))
         await wait_state(session, proxy.url, "PAUSED")
-        late = asyncio.ensure_future(rollout(generator))
+        late = asyncio.ensure_future(skyrl_rollout(generator))
         try:
             await wait_held(session, proxy.url, 1)
         finally:

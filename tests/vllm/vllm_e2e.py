@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import re
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+from lifeguard_testing import stream_under_way
 
 
 def load_file_module(name: str, path: Path) -> ModuleType:
@@ -176,24 +176,28 @@ async def engine_never_saw_it(s: aiohttp.ClientSession, vllm: str) -> None:
 
 
 async def under_way(s: aiohttp.ClientSession, vllm: str, stream: StreamReader) -> None:
-    """A long stream has reached vLLM: its first chunk came, or vLLM's GET /load counts it (then the first chunk gets a
-    second more). vLLM short of CPU can deliver the first chunk when the stream is nearly done (seen here: all of
-    it at once), and a pause, sleep or kill sent only then found it finished; its /load can answer late too."""
-    counted = asyncio.ensure_future(
-        wait_until(lambda: get_json(s, vllm + "/load"), lambda load: load["server_load"] >= 1, 30, "vLLM's /load")
-    )
-    started = asyncio.ensure_future(stream.started.wait())
-    try:
-        done, _ = await asyncio.wait({counted, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        assert done, f"the stream reached neither vLLM's /load nor the client in 30 s: {stream.timing()}"
-        if started not in done:
-            counted.result()  # a failed /load read fails here
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(started, 1.0)
-    finally:
-        for task in (counted, started):
-            task.cancel()
-        await asyncio.gather(counted, started, return_exceptions=True)
+    """A long stream has reached vLLM (lifeguard_testing.stream_under_way); its /load can answer late too."""
+    counted = wait_until(lambda: get_json(s, vllm + "/load"), lambda load: load["server_load"] >= 1, 30, "vLLM's /load")
+    await stream_under_way(counted, stream.started, load="vLLM's /load", detail=stream.timing)
+
+
+#: The rollout of the trainer-client tests (test_vllm_clients.py, test_vllm_skyrl_0_4.py): greedy, so that an answer
+#: through the proxy compares with vLLM's own.
+PROMPT_IDS = [1, 45, 74]
+GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 0}
+
+
+def skyrl_client(skyrl: Any, url: str) -> Any:
+    """SkyRL's `RemoteInferenceClient` (from the module `skyrl`) for the one server at `url`."""
+    return skyrl.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1, model_name=MODEL)
+
+
+async def skyrl_rollout(engine_client: Any, max_tokens: int = 8) -> dict[str, Any]:
+    """A greedy rollout of PROMPT_IDS through SkyRL's `generate`, all `max_tokens` of it."""
+    batch = {"prompt_token_ids": [PROMPT_IDS], "sampling_params": {**GREEDY, "max_tokens": max_tokens}}
+    output = await engine_client.generate(batch)
+    assert len(output["response_ids"][0]) == max_tokens, output
+    return dict(output)
 
 
 class StreamReader:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import EngineSleeping, EngineUnavailable, LifeguardError, NotServing, ShuttingDown
-from proxy.front.readiness import SERVING, fleet_answer
+from proxy.front.readiness import SERVING, engines_answer
 from proxy.lifecycle.gate import RequestGate, Ticket
 from proxy.lifecycle.rules import NOT_SERVING_CAUSES, EngineView, Staleness, admission, serving_refusal
 from proxy.lifecycle.states import State
@@ -144,12 +144,12 @@ def test_a_sleeping_engine_s_message_says_what_a_request_sent_to_it_gets() -> No
 def test_several_engines_serve_while_any_one_does() -> None:
     asleep = NotServing("asleep", state="SLEEPING", cause="asleep")
     failed = NotServing("failed", state="FAILED", cause="failed")
-    answer = fleet_answer({"a": asleep, "b": None})
+    answer = engines_answer({"a": asleep, "b": None})
     assert answer == {
         "serving": True,
         "engines": {"a": {"serving": False, "state": "SLEEPING", "cause": "asleep", "message": "asleep"}, "b": SERVING},
     }
-    refused = fleet_answer({"a": asleep, "b": failed})
+    refused = engines_answer({"a": asleep, "b": failed})
     assert isinstance(refused, NotServing)
     assert refused.message == "no engine can serve now: a (asleep), b (failed)"
     assert refused.details["engines"]["b"] == {
