@@ -97,9 +97,12 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     # uvicorn (vLLM) closes idle keep-alive sockets after 5 s; reusing one it just closed is an ECONNRESET.
     upstream_keepalive_s: float = Field(default=4.0, gt=0, lt=5.0)
-    # Beyond this many open connections to vLLM, new requests wait for a free one instead of all
-    # connecting at once (a burst of released held requests overflows vLLM's accept queue).
-    upstream_max_connections: int = Field(default=1024, gt=0)
+    # Connections to vLLM being opened at once; more requests wait (a burst of released held requests
+    # connecting at once overflows vLLM's listen backlog: 128 fits the smallest a kernel gives).
+    upstream_max_connecting: int = Field(default=128, gt=0)
+    # Open connections to vLLM at most, 0 for no cap: a stream holds its connection for its whole generation,
+    # so the streams past a cap wait for one to end (RL batches are 2,048-4,096 streams at once).
+    upstream_max_connections: int = Field(default=0, ge=0)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # The body of a weight push (/update_weights, /collective_rpc): an unpacked CUDA IPC push names every
     # parameter with one pickled handle per trainer GPU (vLLM 0.32 ipc_engine.py, packed=False, its default):
