@@ -23,7 +23,8 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 	$(BIN)/ruff check proxy lifeguard_sim tests scripts
 	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts
 	$(BIN)/mypy
-	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/docs
+	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
+		scripts/docs
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests, on uvloop (serve's loop) and on asyncio's
 	$(BIN)/pytest -q

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import ipaddress
 import logging
 import signal
 import sys
@@ -131,11 +132,29 @@ async def serve(settings: Settings) -> None:
         settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
         type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
+    if settings.admin_token is None and not loopback_only(settings.host):
+        # vLLM's dev-mode routes have no auth; a newcomer's `--host 0.0.0.0` opens them to the network (issue 41).
+        log.warning(
+            "listening on %s with no admin_token: anyone who reaches this port can sleep, wake, pause the engine and "
+            "replace its weights; set LIFEGUARD_ADMIN_TOKEN or restrict who reaches the port (docs/security.md)",
+            settings.host,
+            extra={"event": "no_admin_token"},
+        )
     await _until_signalled()
     log.info("shutting down", extra={"event": "shutdown"})
     await lifeguard.close()
     if sim_runner is not None:
         await sim_runner.cleanup()
+
+
+def loopback_only(host: str) -> bool:
+    """True when `host` (the listen address) takes connections from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
 
 
 async def _until_signalled() -> None:

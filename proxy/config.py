@@ -139,12 +139,25 @@ class Settings(BaseSettings):
         lt=5.0,
         description="Seconds an idle pooled connection to vLLM is kept; must stay under uvicorn's 5 s.",
     )
-    # Beyond this many open connections to vLLM, new requests wait for a free one instead of all
-    # connecting at once (a burst of released held requests overflows vLLM's accept queue).
-    upstream_max_connections: int = Field(
-        default=1024,
+    # 128 fits the smallest listen backlog a kernel gives.
+    upstream_max_connecting: int = Field(
+        default=128,
         gt=0,
-        description="Open connections to vLLM at most; more requests wait for a free one (no burst overflows vLLM).",
+        description=(
+            "Connections to vLLM being opened at once; more requests wait for one of them, or for a pooled "
+            "connection that comes back (a burst of released held requests must not overflow vLLM's listen "
+            "backlog)."
+        ),
+    )
+    upstream_max_connections: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Open connections to vLLM at most, 0 for no cap (the default). Each is one client request's, and a "
+            "stream holds its connection for its whole generation: the streams past a cap wait for another to end. "
+            "RL batches are 2,048-4,096 streams at once; a cap, if one is needed (vLLM's file descriptors), belongs "
+            "above the largest."
+        ),
     )
     max_body_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes (64 MiB)."

@@ -56,6 +56,7 @@ class Upstream:
         self.pool = UpstreamPool(
             connect,
             max_connections=settings.upstream_max_connections,
+            max_connecting=settings.upstream_max_connecting,
             keepalive_s=settings.upstream_keepalive_s,
             connect_timeout_s=settings.connect_timeout_s,
             name="vllm",

@@ -2,7 +2,8 @@
 
 * `Forward`: sent to an engine's vLLM on a pooled connection (upstream/pool.py) and its answer relayed back; an
   answer that is vLLM refusing for its own state (upstream/refusals.py) goes back to the gate instead.
-* `Answered`: what the proxy answers itself; `SerializedForward`: a control call that waits for the lifecycle lock.
+* `Answered`, `SerializedForward` (answered.py): what the proxy answers itself; a control call that waits for the
+  lifecycle lock.
 * `HeldExchange` (held.py): an inference request the gate holds.
 Each kind counts its own ending once and catches its own bugs (boundary.py). docs/design.md tells the rest.
 """
@@ -12,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from ..engine import Engine
-from ..errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from ..errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamUnreachable
 from ..lifecycle.gate import Ticket
 from ..lifecycle.prefix_cache import SALTED_PATHS, salted
-from ..tasks import Tasks
 from ..upstream.pool import UpstreamConnection
 from ..upstream.refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .boundary import caught
@@ -143,6 +143,8 @@ class Forward(Answering):
         "_status",
         "_headers",
         "_probe",
+        "_reading",
+        "_out",
     )
 
     def __init__(
@@ -175,6 +177,10 @@ class Forward(Answering):
         self._headers: list[tuple[bytes, bytes]] = []
         # An inference stream's head and first bytes, kept back until they show it is not vLLM's refusal.
         self._probe: list[bytes] | None = None
+        # While llhttp parses one read of vLLM's (begin_read .. end_read), what it yields for the client is gathered
+        # here and written once at its end: one system call per read, not one per event (docs/performance.md).
+        self._reading = False
+        self._out: list[bytes] = []
 
     def start(self) -> None:
         if self._ticket is not None:
@@ -223,6 +229,34 @@ class Forward(Answering):
         self._finish("upstream_unreachable")
 
     # ----- response sink
+    def begin_read(self) -> None:
+        self._reading = True
+
+    def end_read(self) -> None:
+        self._reading = False
+        out = self._out
+        if out:
+            self.client.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    def _send(self, data: bytes) -> None:
+        if self._reading:
+            self._out.append(data)
+        else:
+            self.client.transport.write(data)
+
+    def _send_last(self, data: bytes) -> None:
+        """The exchange's last bytes, with what this read gathered, written now: the client connection's next
+        answer may follow at once."""
+        self._reading = False
+        out = self._out
+        if out:
+            out.append(data)
+            data = b"".join(out)
+            out.clear()
+        if data:
+            self.client.transport.write(data)
+
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self._engine.metrics.upstream_latency(time.monotonic() - self._sent_at)
         lines = [b"HTTP/1.1 %d %b" % (status, reason)]
@@ -266,7 +300,7 @@ class Forward(Answering):
         elif self._may_refuse() and self._sse and status == 200:
             self._probe = [head, b""]
         else:
-            self.client.transport.write(head)
+            self._send(head)
             self.head_sent = True
 
     def _may_refuse(self) -> bool:
@@ -290,19 +324,25 @@ class Forward(Answering):
         self._write_body(data)
 
     def _flush_probe(self) -> None:
-        """The stream is not a refusal: its head and what was kept back go out."""
+        """The stream is not a refusal: its head and what was kept back go out, together."""
         assert self._probe is not None
         head, kept = self._probe
         self._probe = None
-        self.client.transport.write(head)
         self.head_sent = True
-        self._write_body(kept)
+        if kept and self._framing:
+            head += chunk(kept) if self._framing == b"chunked" else kept
+        self._send(head)
 
     def _write_body(self, data: bytes) -> None:
         if self._framing == b"chunked":
-            if data:
-                self.client.transport.write(chunk(data))
-        elif self._framing:
+            if not data:
+                return
+            data = chunk(data)
+        elif not self._framing:
+            return
+        if self._reading:
+            self._out.append(data)
+        else:
             self.client.transport.write(data)
 
     def response_end(self) -> None:
@@ -318,11 +358,11 @@ class Forward(Answering):
             line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
             if line is not None:  # a header line the answer's reader adds, before the head's blank line
                 self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
-            self.client.transport.write(b"".join(self._buffer))
+            self._send_last(b"".join(self._buffer))
             self._buffer = None
             self.head_sent = True
-        elif self._framing == b"chunked":
-            self.client.transport.write(END_CHUNKS)
+        else:
+            self._send_last(END_CHUNKS if self._framing == b"chunked" else b"")
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.release()
@@ -355,6 +395,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None:  # what was kept back goes out before the error event that ends it
             self._flush_probe()
+        self._send_last(b"")
         if not self.head_sent:
             self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
             self._finish("upstream_unreachable")
@@ -369,6 +410,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None and not self.finished:
             self._flush_probe()
+        self._send_last(b"")
         if not self.finished:
             self._end_with(error)
             self._finish(outcome)
@@ -386,6 +428,7 @@ class Forward(Answering):
                 self.conn.pause_reading()
 
     def client_gone(self) -> None:
+        self._out.clear()
         if not self.finished:
             self._drop_upstream()
             self._finish("client_gone", notify=False)
@@ -419,108 +462,3 @@ class Forward(Answering):
             self._on_end()
         if notify:
             self.client.exchange_done(self, close=self.close_client)
-
-
-class Answered(Answering):
-    """What the proxy answers itself: `work` makes the answer (a `LifeguardError` is answered as such), or the
-    exchange that takes over (a request routed once the engine serving its model is known). `on_end` is
-    told the seconds it took, once answered."""
-
-    __slots__ = ("_work", "_tasks", "_count", "_on_end", "_task")
-
-    def __init__(
-        self,
-        client: ClientSide,
-        request: ParsedRequest,
-        work: Coroutine[Any, Any, Answer | Exchange],
-        *,
-        tasks: Tasks,
-        count: Callable[[str], None],
-        on_end: Callable[[float], None] | None = None,
-    ) -> None:
-        super().__init__(client, request)
-        self._work = work
-        self._tasks = tasks
-        self._count = count
-        self._on_end = on_end
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = self._tasks.spawn(self._run(), name="answer")
-
-    async def _run(self) -> None:
-        try:
-            result = await self._work
-        except LifeguardError as exc:
-            result = error_answer(exc)
-            self.close_client = self.close_client or exc.close_connection
-        except Exception as exc:
-            result = error_answer(caught("answer", exc, self._count))
-        if self.finished:
-            return
-        self.finished = True
-        if not isinstance(result, Answer):
-            self.client.replace_exchange(self, result)
-            result.start()
-            return
-        self._answer(result)
-        if self._on_end is not None:
-            self._on_end(time.monotonic() - self.request.started)
-        self.client.exchange_done(self, close=self.close_client)
-
-    def client_writable(self, writable: bool) -> None:
-        return None  # one write, once the answer is made
-
-    def client_gone(self) -> None:
-        self.finished = True
-        if self._task is not None:
-            self._task.cancel()  # a lifecycle call runs on as the coordinator's own task; only the wait ends
-        else:
-            self._work.close()
-
-
-class SerializedForward(Answered):
-    """A control call that touches weights or memory (routes.RouteKind.SERIALIZED): forwarded once no
-    lifecycle transition of its engine is in progress, never during one; refused while the engine failed. Its
-    refusal is answered as `Answered` answers an error; the `Forward` takes over once the engine's lock is held."""
-
-    __slots__ = ("_engine", "_target", "_drop", "_on_answer")
-
-    def __init__(
-        self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
-        tasks: Tasks, on_answer: Callable[[int, bytes], bytes | None] | None = None, zeroes_weights: bool = False,
-    ) -> None:  # fmt: skip
-        metrics = engine.metrics
-        super().__init__(
-            client,
-            request,
-            engine.coordinator.exclusive(self._forwarded, zeroes_weights=zeroes_weights),
-            tasks=tasks,
-            count=metrics.proxy_error,
-            on_end=lambda seconds: metrics.request_duration("passthrough", seconds),
-        )
-        self._engine = engine
-        self._target = target
-        self._drop = drop
-        self._on_answer = on_answer
-
-    async def _forwarded(self) -> Exchange:
-        """Under the engine's lock: the request goes to vLLM, and the lock is held until its answer ends."""
-        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_end() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        forward = Forward(self.client, self.request, self._engine, self._target, drop=self._drop, on_end=on_end,
-                          on_answer=self._on_answer)  # fmt: skip
-        self.finished = True  # the forward answers from here on
-        self.client.replace_exchange(self, forward)
-        forward.start()
-        timeout = self._engine.settings.lifecycle_call_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(ended)
-        except TimeoutError:
-            forward.fail(UpstreamTimeout(f"vLLM did not answer within {timeout:g} s"), "upstream_unreachable")
-        return forward

@@ -22,10 +22,11 @@ from ..lifecycle.weight_checksums import resets_weights
 from ..observe.metrics import INFERENCE_OUTCOMES
 from ..upstream.refusals import Refusal
 from .admin import admin_carrier
+from .answered import Answered, SerializedForward
 from .answers import lifecycle, own
 from .boundary import caught
 from .engine_set import EngineSet
-from .exchange import Answered, Exchange, Forward, SerializedForward
+from .exchange import Exchange, Forward
 from .held import HeldExchange, not_forwarded
 from .request_reader import ParsedRequest, RequestReader
 from .route_table import RouteKind

@@ -2,8 +2,9 @@
 
 One pool per engine. A connection carries one exchange at a time: the exchange (a `ResponseSink`) writes its request
 and gets the response as callbacks, then `release()`s or `close()`s the connection; no task per request. Idle
-connections are reused newest first, never older than `keepalive_s` (uvicorn closes idle sockets after 5 s), and
-at most `max_connections` are open, the rest waiting in arrival order. docs/design.md.
+connections are reused newest first, never older than `keepalive_s` (uvicorn closes idle sockets after 5 s). At
+most `max_connecting` are being opened at once, the rest waiting in arrival order; open ones are not capped unless
+`max_connections` is set (a stream holds its connection for its whole generation). docs/design.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ Connector = Callable[[Callable[[], "UpstreamConnection"]], Awaitable[Connection]
 
 
 class ResponseSink(Protocol):
-    """The exchange a connection is lent to: told about the response as llhttp reads it."""
+    """The exchange a connection is lent to: told about the response as llhttp reads it, each read of the
+    connection's between `begin_read` and `end_read` (what one read yields for the client goes out in one write)."""
+
+    def begin_read(self) -> None: ...
+
+    def end_read(self) -> None: ...
 
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -135,6 +141,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         sink = self._sink
+        sink.begin_read()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -143,6 +150,12 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.close()
             sink.upstream_lost(f"unreadable response: {exc}")
+        try:
+            sink.end_read()  # the sink's, even once the response ended in this read and the connection was lent on
+        except Exception as exc:
+            if self._sink is sink:
+                self.close()
+            sink.crashed("upstream", exc)
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; connection_lost follows
@@ -220,6 +233,7 @@ class UpstreamPool:
         connect: Connector,
         *,
         max_connections: int,
+        max_connecting: int,
         keepalive_s: float,
         connect_timeout_s: float,
         name: str,
@@ -227,13 +241,15 @@ class UpstreamPool:
     ) -> None:
         self._connect = connect
         self.address = address  # host:port, for errors a person reads
-        self._max = max_connections
+        self._max = max_connections or None
+        self._max_connecting = max_connecting
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
         self._idle: list[UpstreamConnection] = []
         self._waiting: collections.deque[Waiter] = collections.deque()
         self._open = 0
+        self._connecting = 0
         self._tasks = Tasks()
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
@@ -241,6 +257,14 @@ class UpstreamPool:
     @property
     def open_connections(self) -> int:
         return self._open
+
+    @property
+    def connecting(self) -> int:
+        """Connections being opened now."""
+        return self._connecting
+
+    def _may_open(self) -> bool:
+        return self._connecting < self._max_connecting and (self._max is None or self._open < self._max)
 
     def acquire(self, waiter: Waiter) -> None:
         """Hand `waiter` a connection now if one is idle, else once one is opened or given back."""
@@ -254,13 +278,14 @@ class UpstreamPool:
             return
         if self._closed:
             waiter.connect_failed(f"the {self._name} pool is closed")
-        elif self._open < self._max:
+        elif self._may_open():
             self._open_for(waiter)
         else:
             self._waiting.append(waiter)
 
     def _open_for(self, waiter: Waiter) -> None:
         self._open += 1
+        self._connecting += 1
         self._tasks.spawn(self._open_connection(waiter), name=f"connect-{self._name}")
 
     async def _open_connection(self, waiter: Waiter) -> None:
@@ -269,6 +294,7 @@ class UpstreamPool:
                 _, conn = await self._connect(lambda: UpstreamConnection(self))
         except (OSError, TimeoutError) as exc:
             self._open -= 1
+            self._connecting -= 1
             if isinstance(exc, TimeoutError):
                 why = f"no connection to {self.address} within {self._connect_timeout_s:g} s"
             else:
@@ -280,11 +306,13 @@ class UpstreamPool:
                     waiter.crashed("upstream", exc)
             self._next_waiter()
             return
+        self._connecting -= 1
         if waiter.wants_connection:
             _hand(waiter, conn)
         else:
             conn.reusable = True
             conn.release()
+        self._next_waiter()
 
     def _release(self, conn: UpstreamConnection) -> None:
         while self._waiting:
@@ -307,7 +335,7 @@ class UpstreamPool:
         self._next_waiter()
 
     def _next_waiter(self) -> None:
-        while self._waiting and self._open < self._max and not self._closed:
+        while self._waiting and self._may_open() and not self._closed:
             waiter = self._waiting.popleft()
             if waiter.wants_connection:
                 self._open_for(waiter)

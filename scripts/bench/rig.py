@@ -85,8 +85,8 @@ class Rig:
     router_pid: int = 0
     router_sse_pid: int = 0
     paths: list[str] = field(default_factory=lambda: ["direct", "nginx"])
-    # lifeguard's `upstream_max_connections` (0: its default, 1,024): above the most streams a load opens, since
-    # the streams beyond it wait for a free connection, which an endless stream never frees
+    # lifeguard's `upstream_max_connections` (0: its default, no cap): a cap must stay above the most streams a load
+    # opens, since the streams beyond it wait for a free connection, which an endless stream never frees
     upstream_max_connections: int = 0
 
     def render(self, template: str, out: str, **values: int | str) -> Path:

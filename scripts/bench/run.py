@@ -16,6 +16,7 @@ Load comes from wrk (non-streaming) and from asyncio clients in this process (SS
 One module per concern: `procs.py` (processes, /proc, plain HTTP), `rig.py` (the paths and what runs
 behind them), `fixed.py`, `outside.py`, `sse.py`, `release.py`, `hold.py`, `lifecycle.py`, `swap.py`,
 `realvllm.py` (the loads), `targets.py` (the speed targets, one table), `report.py` (the printed tables),
+`verdicts.py` (issue 39's targets, MET or MISSED, printed under the table),
 `charts.py` (the PNGs, from `--json`); this file only runs them.
 
 Figures are medians over `--reps` interleaved repetitions. CPU time per request is read from
@@ -49,6 +50,7 @@ from report import build_table, machine
 from rig import Rig
 from sse import bench_sse
 from swap import bench_swap
+from verdicts import issue39_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 RIG_LOADS = {
@@ -121,6 +123,9 @@ async def run(args: argparse.Namespace) -> int:
     print()
     for line in build_table(res, args):
         print(line)
+    print()
+    for line in issue39_lines(res, args):
+        print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0
@@ -158,8 +163,8 @@ def main() -> int:
     parser.add_argument(
         "--upstream-max-connections",
         type=int,
-        default=4096,
-        help="every lifeguard's upstream_max_connections (0: the proxy's default, 1,024, which 2,048 streams exceed)",
+        default=0,
+        help="every lifeguard's upstream_max_connections (0: the proxy's default, no cap on open connections)",
     )
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--hold-reps", type=int, default=2)

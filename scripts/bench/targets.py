@@ -19,10 +19,10 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    # req/s through lifeguard ÷ req/s through nginx, 64 connections (issue 30; issue 21 asked 0.6×)
-    "rps_vs_nginx@64": Target("≥ 0.5× nginx", lambda ratio: ratio >= 0.5),
-    # lifeguard's CPU µs per request ÷ nginx's, 64 connections, the guard on
-    "cpu_vs_nginx@64": Target("≤ 2× nginx", lambda ratio: ratio <= 2),
+    # req/s through lifeguard ÷ req/s through nginx, 64 connections (issue 39; issue 30 asked 0.5×, issue 21 0.6×)
+    "rps_vs_nginx@64": Target("≥ 0.7× nginx", lambda ratio: ratio >= 0.7),
+    # lifeguard's CPU µs per request ÷ nginx's, 64 connections, the guard on (issue 39; issue 30 asked 2×)
+    "cpu_vs_nginx@64": Target("≤ 1.5× nginx", lambda ratio: ratio <= 1.5),
     # the same two for the proxy of two engines (routed by model)
     "rps_2e_vs_nginx@64": Target("≥ 0.5× nginx", lambda ratio: ratio >= 0.5),
     "cpu_2e_vs_nginx@64": Target("≤ 2× nginx", lambda ratio: ratio <= 2),
@@ -32,8 +32,8 @@ TARGETS: dict[str, Target] = {
     "outside_rps_vs_nginx": Target("≥ 0.7× nginx", lambda ratio: ratio >= 0.7),
     # lifeguard's CPU µs per request ÷ Envoy's, 64 connections
     "cpu_vs_envoy@64": Target("≤ Envoy's", lambda ratio: ratio <= 1),
-    # two engines behind one proxy (routed by model) ÷ one engine, CPU per request, 64 connections
-    "cpu_2e_vs_1e@64": Target("≤ 1.15× one engine", lambda ratio: ratio <= 1.15),
+    # two engines behind one proxy (routed by model) ÷ one engine, CPU per request, 64 connections (issue 39)
+    "cpu_2e_vs_1e@64": Target("≤ 1.1× one engine", lambda ratio: ratio <= 1.1),
     # this checkout ÷ the baseline checkout (--baseline-src), CPU per request, 64 connections: no slower
     "cpu_vs_baseline@64": Target("within ±10% of the baseline or below", lambda ratio: ratio <= 1.1),
     # ms lifeguard adds over nginx

@@ -280,7 +280,7 @@ def known_violation(violation: dict[str, Any], pausing: list[tuple[int, str, flo
 
 def engine_matches(proxy: dict[str, Any], sim: dict[str, Any], *, session_unknowable: bool = False) -> str | None:
     """Why the proxy's settled state disagrees with the simulator's true state, or None. `session_unknowable`:
-    a proxy restart cut a weight-update session, and vLLM has no flag that shows one (README)."""
+    a proxy restart cut a weight-update session, and vLLM has no flag that shows one (docs/behaviour.md)."""
     state = proxy["state"]
     tags = set(sim["asleep_tags"])
     if not session_unknowable and bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):

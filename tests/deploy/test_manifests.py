@@ -29,12 +29,14 @@ COMPONENTS = sorted(path.parent for path in (K8S / "components").glob("*/kustomi
 DASHBOARD = ROOT / "deploy" / "grafana" / "lifeguard-dashboard.json"
 # Native sidecars are on by default from 1.29; check the oldest supported and a current release.
 K8S_VERSIONS = ["1.29", "1.33", "1.35"]
-CRD_KINDS = {"PodMonitor", "ServiceMonitor"}
+CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 COMPONENT_ADDS = {
     "podmonitor": ("PodMonitor", "vllm-lifeguard"),
     "servicemonitor": ("ServiceMonitor", "vllm-lifeguard"),
+    "prometheus-rule": ("PrometheusRule", "vllm-lifeguard"),
     "grafana-dashboard": ("ConfigMap", "vllm-lifeguard-dashboard"),
     "ready-when-serving": ("Service", "vllm-pods"),
+    "network-policy": ("NetworkPolicy", "vllm-lifeguard"),
 }
 READY_WHEN_SERVING = K8S / "components" / "ready-when-serving"
 
@@ -110,8 +112,10 @@ def test_there_are_a_single_gpu_a_tensor_parallel_a_shared_gpu_and_a_shared_gpu_
     assert {component.name for component in COMPONENTS} == {
         "podmonitor",
         "servicemonitor",
+        "prometheus-rule",
         "grafana-dashboard",
         "ready-when-serving",
+        "network-policy",
     }
 
 
@@ -450,6 +454,22 @@ def test_the_monitors_scrape_proxy_and_vllm_metrics_through_the_proxy_port(overl
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
 
 
+@pytest.mark.parametrize("overlay", [*OVERLAYS, PODS_OVERLAY], ids=lambda p: p.name)
+def test_the_network_policy_admits_only_the_sidecars_port_of_every_pod(overlay: Path) -> None:
+    """components/network-policy (docs/security.md): it selects every vLLM pod and opens the sidecar's port only."""
+    rendered = _render(overlay, K8S / "components" / "network-policy")
+    policy = find(rendered, "NetworkPolicy", "vllm-lifeguard")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress open: NCCL is vLLM's workers dialling out
+    deployments = [d for d in rendered if d["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items(), deployment["metadata"]["name"]
+        sidecar = _container(deployment["spec"]["template"]["spec"], "lifeguard")
+        (rule,) = policy["spec"]["ingress"]
+        assert [port["port"] for port in rule["ports"]] == [_port(sidecar, "lifeguard")]
+
+
 def test_overlays_use_plain_strategic_merge_patches_on_the_base() -> None:
     for overlay in OVERLAYS:
         data = read_kustomization(overlay)
@@ -477,6 +497,23 @@ def test_the_readme_pod_example_is_a_valid_pod_spec() -> None:
     assert _env(lifeguard)["LIFEGUARD_UPSTREAM"]["value"].endswith(vllm["args"][vllm["args"].index("--port") + 1])
     assert lifeguard["readinessProbe"]["httpGet"]["path"] == "/lifeguard/readyz"
     assert lifeguard["livenessProbe"]["httpGet"]["path"] == "/lifeguard/healthz"
+    # Who copies the snippet keeps the memory check and the state file (issue 41): the GPU reporter writes in the vLLM
+    # container the file the sidecar reads, on a volume both mount, and the state file lives on an emptyDir.
+    env = _env(lifeguard)
+    probe = env["LIFEGUARD_GPU_PROBE"]["value"]
+    assert probe.startswith("file:")
+    report = Path(probe.removeprefix("file:"))
+    assert "gpu-reporter.py" in " ".join(vllm["command"]) and str(report) in " ".join(vllm["command"])
+    mounts = {m["name"]: m["mountPath"] for m in lifeguard["volumeMounts"]}
+    vllm_mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    shared = {name for name, path in mounts.items() if path == str(report.parent) and vllm_mounts.get(name) == path}
+    assert shared, "the sidecar and vLLM mount the GPU report's directory from one volume"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert all("emptyDir" in volumes[name] for name in shared)
+    state_file = Path(env["LIFEGUARD_STATE_FILE"]["value"])
+    (state_volume,) = [name for name, path in mounts.items() if state_file.is_relative_to(path)]
+    assert "emptyDir" in volumes[state_volume]
+    assert env["LIFEGUARD_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
 
 
 # ----- several pods on one GPU (overlays/shared-gpu-pods, docs/gpu-sharing-across-pods.md)

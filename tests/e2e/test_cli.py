@@ -12,6 +12,8 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.cli import loopback_only
+
 BIN = Path(sys.executable).with_name("vllm-lifeguard")
 #: Every request here has a deadline inside pytest's 120 s (aiohttp's own default is 300 s).
 TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -163,3 +165,29 @@ async def _until_ok(session: aiohttp.ClientSession, urls: list[str], procs: list
         except aiohttp.ClientError:
             pass
         await asyncio.sleep(0.05)
+
+
+def test_only_loopback_addresses_count_as_closed_to_the_network() -> None:
+    assert loopback_only("127.0.0.1") and loopback_only("::1") and loopback_only("[::1]") and loopback_only("localhost")
+    assert not loopback_only("0.0.0.0") and not loopback_only("::") and not loopback_only("gpu-node-3")
+
+
+async def test_serve_on_every_interface_without_a_token_warns_at_start() -> None:
+    """The newcomer's `--host 0.0.0.0` with no admin token: vLLM's dev-mode routes would be open to the network."""
+    env = {k: v for k, v in os.environ.items() if k != "LIFEGUARD_ADMIN_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN), "serve", "--upstream", "sim", "--host", "0.0.0.0", "--port", str(free_port()),
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        lines = []
+        async with asyncio.timeout(20):
+            while not any(b"no admin_token" in line for line in lines):
+                line = await proc.stderr.readline()
+                assert line, b"".join(lines).decode()
+                lines.append(line)
+        assert any(b"docs/security.md" in line for line in lines)
+    finally:
+        proc.terminate()
+        await proc.wait()

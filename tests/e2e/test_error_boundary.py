@@ -111,8 +111,17 @@ async def test_a_bug_on_the_way_to_vllm_or_back_is_503_proxy_error_and_the_proxy
     assert (await stack.state())["inflight_requests"] == 0  # the ticket was given back
 
 
-async def test_a_bug_mid_stream_ends_the_stream_with_the_error_event(stack: Stack, bugs: Bugs) -> None:
-    bugs.raise_once(exchange.Forward, "response_body", after=2)
+@pytest.mark.parametrize(
+    ("name", "after"),
+    [
+        ("response_body", 2),  # an event of the stream
+        ("end_read", 0),  # the write of what vLLM's first read brought
+    ],
+)
+async def test_a_bug_mid_stream_ends_the_stream_with_the_error_event(
+    stack: Stack, bugs: Bugs, name: str, after: int
+) -> None:
+    bugs.raise_once(exchange.Forward, name, after=after)
     resp = await stack.client.post("/v1/completions", json={**COMPLETION, "max_tokens": 8, "stream": True})
     assert resp.status == 200  # sent before the bug
     events = [line for line in (await resp.text()).split("\n\n") if line.startswith("data: ")]

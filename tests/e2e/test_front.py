@@ -291,6 +291,84 @@ async def test_the_vllm_pool_opens_no_more_than_its_limit_and_queues_the_rest(
     assert stack.sim_count("generate") == 8
 
 
+async def test_the_vllm_pool_opens_no_more_than_upstream_max_connecting_at_once_and_queues_the_rest(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    stack = await _raw_stack(make_stack, upstream_max_connecting=2)
+    pool = stack.engine.upstream.pool
+    connect = pool._connect
+    at_once: list[int] = []
+
+    async def counted(factory: Any) -> Any:
+        at_once.append(pool.connecting)
+        return await connect(factory)
+
+    pool._connect = counted
+    answers = await asyncio.gather(*(stack.completion(prompt=f"p{n}") for n in range(8)))
+    assert [answer.status for answer in answers] == [200] * 8
+    assert at_once and max(at_once) <= 2, at_once
+    assert stack.sim_count("generate") == 8
+
+
+class Streams:
+    """A vLLM stand-in whose streams send one event, then hold their connection until `ended` is set."""
+
+    def __init__(self) -> None:
+        self.app = web.Application()
+        for path, flag in (("/health", None), ("/is_sleeping", "is_sleeping"), ("/is_paused", "is_paused")):
+            self.app.router.add_get(path, Firehose._flag(flag))
+        self.app.router.add_post("/v1/completions", self._stream)
+        self.ended = asyncio.Event()
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"text": " x"}]}\n\n')
+        await self.ended.wait()
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def test_more_streams_at_once_than_the_old_cap_of_1024_connections_all_deliver_at_the_defaults(
+    aiohttp_server: Any, serve_lifeguard: Any
+) -> None:
+    """An RL batch of streams fired at once: each holds its vLLM connection for its whole generation, so a cap on
+    open connections below the batch would starve the streams past it until others end (here: never)."""
+    streams = Streams()
+    upstream = await aiohttp_server(streams.app)
+    client = await serve_lifeguard(Settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none"))
+    server = client.server
+    deadline = time.monotonic() + 10
+    while (await (await client.get("/lifeguard/state")).json())["state"] != "RUNNING":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    count = 1100
+    body = b'{"model": "tiny", "prompt": "hi", "stream": true}'
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request += b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    connects = asyncio.Semaphore(100)  # the test's own connects in waves: the proxy's listen backlog is not tested
+    writers: list[asyncio.StreamWriter] = []
+
+    async def first_event() -> bytes:
+        async with connects:
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+        writers.append(writer)
+        writer.write(request)
+        await reader.readuntil(b"\r\n\r\n")
+        return await reader.readuntil(b"\n\n")
+
+    try:
+        async with asyncio.timeout(60):
+            events = await asyncio.gather(*(first_event() for _ in range(count)))
+        assert all(event.endswith(b'{"choices": [{"text": " x"}]}\n\n') for event in events)
+        assert lifeguard_of(client).engines["default"].upstream.pool.open_connections == count
+    finally:
+        streams.ended.set()
+        for writer in writers:
+            writer.close()
+
+
 async def test_an_idle_pooled_connection_past_upstream_keepalive_s_is_closed_not_reused(
     make_stack: Callable[..., Awaitable[Stack]],
 ) -> None:
