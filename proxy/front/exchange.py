@@ -340,10 +340,7 @@ class Forward(Answering):
             data = chunk(data)
         elif not self._framing:
             return
-        if self._reading:
-            self._out.append(data)
-        else:
-            self.client.transport.write(data)
+        self._send(data)
 
     def response_end(self) -> None:
         if self._buffer is not None and self._status == REFUSAL_STATUS and self._may_refuse():
