@@ -233,11 +233,7 @@ class Forward(Answering):
         self._reading = True
 
     def end_read(self) -> None:
-        self._reading = False
-        out = self._out
-        if out:
-            self.client.transport.write(out[0] if len(out) == 1 else b"".join(out))
-            out.clear()
+        self._flush_with(b"")
 
     def _send(self, data: bytes) -> None:
         if self._reading:
@@ -245,17 +241,18 @@ class Forward(Answering):
         else:
             self.client.transport.write(data)
 
-    def _send_last(self, data: bytes) -> None:
-        """The exchange's last bytes, with what this read gathered, written now: the client connection's next
-        answer may follow at once."""
+    def _flush_with(self, last: bytes) -> None:
+        """What this read gathered, then `last`, in one write now: at an exchange's end the client connection's
+        next answer may follow at once."""
         self._reading = False
         out = self._out
         if out:
-            out.append(data)
-            data = b"".join(out)
+            if last:
+                out.append(last)
+            last = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
-        if data:
-            self.client.transport.write(data)
+        if last:
+            self.client.transport.write(last)
 
     def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self._engine.metrics.upstream_latency(time.monotonic() - self._sent_at)
@@ -355,11 +352,11 @@ class Forward(Answering):
             line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
             if line is not None:  # a header line the answer's reader adds, before the head's blank line
                 self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
-            self._send_last(b"".join(self._buffer))
+            self._flush_with(b"".join(self._buffer))
             self._buffer = None
             self.head_sent = True
         else:
-            self._send_last(END_CHUNKS if self._framing == b"chunked" else b"")
+            self._flush_with(END_CHUNKS if self._framing == b"chunked" else b"")
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.release()
@@ -392,7 +389,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None:  # what was kept back goes out before the error event that ends it
             self._flush_probe()
-        self._send_last(b"")
+        self._flush_with(b"")
         if not self.head_sent:
             self._end_with(UpstreamUnreachable(f"vLLM could not be reached: {why}"))
             self._finish("upstream_unreachable")
@@ -407,7 +404,7 @@ class Forward(Answering):
         self._buffer = None
         if self._probe is not None and not self.finished:
             self._flush_probe()
-        self._send_last(b"")
+        self._flush_with(b"")
         if not self.finished:
             self._end_with(error)
             self._finish(outcome)
