@@ -35,6 +35,7 @@ from .rules import (
     Defer,
     Noop,
     Refuse,
+    SessionTarget,
     Staleness,
     admission,
     control_refusal,
@@ -112,6 +113,10 @@ class LifecycleCoordinator:
                 self.record.mark_stale(previous.weights_stale)
             if previous.prefix_partition is not None:
                 self.record.remembered_partition(previous.prefix_partition)
+            if previous.weight_update_session is not None:
+                self.record.remembered_session(
+                    SessionTarget(previous.weight_update_session), State(previous.session_returns_to or "RUNNING")
+                )
             if previous.asleep_tags:
                 self.record.remembered_asleep(
                     frozenset(previous.asleep_tags),

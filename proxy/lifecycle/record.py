@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from ..observe.metrics import EngineMetrics
 from ..upstream.elastic_ep import ElasticStatus, ElasticVerdict
 from ..upstream.observation import Observation
 from .prefix_cache import Partition
-from .rules import WEIGHTLESS, EngineView, FailureKind, Staleness, asleep_tags_for
+from .rules import WEIGHTLESS, EngineView, FailureKind, SessionTarget, Staleness, asleep_tags_for
 from .state_file import PersistedFacts
 from .states import Lifecycle, State
 
@@ -40,14 +39,6 @@ _SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
     State.UPDATING_WEIGHTS: lambda lifecycle: lifecycle.settle_updating(),
     State.SCALING: lambda lifecycle: lifecycle.settle_scaling(),
 }
-
-
-class SessionTarget(enum.StrEnum):
-    """What a weight update session writes (`weight_update_target` in /lifeguard/state)."""
-
-    MODEL = "model"
-    DRAFTER = "drafter"  # /start_draft_weight_update: vLLM's speculative-decoding drafter
-    LORA_ADAPTER = "lora_adapter"  # a round armed by skyrl_set_lora_receive_target
 
 
 class EngineRecord:
@@ -143,6 +134,8 @@ class EngineRecord:
             self.sleep_unconfirmed,
             self.asleep_outside_vllm,
             self.prefix_partition,
+            self.session_target.value if self.weight_update_active else None,
+            self.return_state.value if self.weight_update_active else None,
         )
 
     @property
@@ -216,6 +209,12 @@ class EngineRecord:
     def session_opened(self, return_to: State, *, drafter: bool = False) -> None:
         self.return_state = return_to
         self.session_target = self._round_target(drafter)
+        self._set(weight_update_active=True)
+
+    def remembered_session(self, target: SessionTarget, return_to: State) -> None:
+        """A restarted proxy's state file says vLLM holds a weight update session the last proxy opened."""
+        self.return_state = return_to
+        self.session_target = target
         self._set(weight_update_active=True)
 
     def session_closed(self) -> None:

@@ -35,6 +35,14 @@ from .worker_rpcs import RpcKind, noop_reply
 ALL_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 
 
+class SessionTarget(enum.StrEnum):
+    """What a weight update session writes (`weight_update_target` in /lifeguard/state)."""
+
+    MODEL = "model"
+    DRAFTER = "drafter"  # /start_draft_weight_update: vLLM's speculative-decoding drafter
+    LORA_ADAPTER = "lora_adapter"  # a round armed by skyrl_set_lora_receive_target
+
+
 class Staleness(enum.StrEnum):
     """Why the weights vLLM holds are not the intended ones, until weights are loaded again."""
 

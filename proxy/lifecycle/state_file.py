@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .prefix_cache import Partition
-from .rules import ALL_SLEEP_TAGS, Staleness
+from .rules import ALL_SLEEP_TAGS, SessionTarget, Staleness
+from .states import State
 
 log = logging.getLogger("lifeguard.state_file")
 
@@ -37,6 +38,26 @@ class PersistedFacts:
     asleep_outside_vllm: bool = False
     # vLLM's prefix cache may hold blocks computed by older weights; admitted inference carries this salt.
     prefix_partition: Partition | None = None
+    # The weight update session vLLM holds open (what it writes: model, drafter, lora_adapter), and the state its
+    # finish returns to: vLLM has no flag for a session, and an /update_weights inside one is not a whole update.
+    weight_update_session: str | None = None
+    session_returns_to: str | None = None
+
+    def __str__(self) -> str:
+        """The facts in words, for the log line of a restarted proxy."""
+        said = [f"weights {self.weights_stale}" if self.weights_stale is not None else "weights current"]
+        if self.asleep_tags:
+            level = f" at level {self.sleep_level}" if self.sleep_level is not None else ""
+            unconfirmed = ", unconfirmed" if self.sleep_unconfirmed else ""
+            outside = ", by a worker RPC" if self.asleep_outside_vllm else ""
+            said.append(f"asleep ({', '.join(self.asleep_tags)}){level}{unconfirmed}{outside}")
+        if self.user_pause is not None:
+            said.append(f"a pause ({self.user_pause}) to re-apply on the wake")
+        if self.weight_update_session is not None:
+            said.append(f"a weight update session open on the {self.weight_update_session}")
+        if self.prefix_partition is not None:
+            said.append("inference salted apart from the old prefix cache")
+        return "; ".join(said)
 
 
 # What a state file that cannot be read means: the weights cannot be vouched for.
@@ -67,6 +88,8 @@ class StateFile:
                 sleep_unconfirmed=raw.get("sleep_unconfirmed", False),
                 asleep_outside_vllm=raw.get("asleep_outside_vllm", False),
                 prefix_partition=Partition.from_dict(raw.get("prefix_partition")),
+                weight_update_session=raw.get("weight_update_session"),
+                session_returns_to=raw.get("session_returns_to"),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -97,4 +120,6 @@ def _well_formed(facts: PersistedFacts) -> bool:
         and isinstance(facts.asleep_outside_vllm, bool)
         and all(tag in ALL_SLEEP_TAGS or tag == "scheduling" for tag in facts.asleep_tags)
         and (facts.sleep_level is None or (type(facts.sleep_level) is int and 0 <= facts.sleep_level <= 2))
+        and facts.weight_update_session in (None, *SessionTarget)
+        and facts.session_returns_to in (None, *(state.value for state in State))
     )

@@ -16,8 +16,8 @@ from ..errors import UpstreamBadStatus, VerificationFailed, WeightsAsleep, Weigh
 from ..upstream.control_client import Reply
 from .calls import LifecycleCall
 from .engine_calls import EngineCalls
-from .record import EngineRecord, SessionTarget
-from .rules import START_OPERATIONS, Staleness
+from .record import EngineRecord
+from .rules import START_OPERATIONS, SessionTarget, Staleness
 from .states import State
 from .verifier import CheckName, CheckResult
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint

@@ -216,3 +216,47 @@ async def test_with_a_state_file_a_proxy_restarted_after_a_weight_checker_reset_
     assert (await client.post("/collective_rpc", json={"method": "reload_weights"})).status == 200
     assert (await request).status == 200
     assert stack.sim.violations == []
+
+
+async def test_with_a_state_file_a_weight_update_session_survives_a_restart(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    """Found by `make chaos-pods` (seed 303): a proxy killed while vLLM held a session after a level-2 sleep took
+    the trainer's next /update_weights for a whole update of its own, let the held requests go, and they ran on
+    discarded weights. vLLM cannot be asked whether a session is open: the state file keeps it."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/sleep", params={"level": "2"})).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200
+    assert (await stack.client.post("/start_weight_update", json={})).status == 200
+    client = await _restarted(stack, serve_lifeguard)  # vLLM is awake with a session open; only the file knows
+
+    request = await _held(client)
+    assert (await client.post("/update_weights", json={"update_info": {}})).status == 200
+    state = await _state(client)
+    assert state["held_requests"] == 1 and not request.done(), "an update inside the session does not end it"
+    assert state["state"] == "UPDATING_WEIGHTS" and state["weight_update_active"] is True, state
+    assert stack.sim.violations == []
+    assert (await client.post("/finish_weight_update", json={})).status == 200
+    assert (await request).status == 200
+    state = await _state(client)
+    assert state["state"] == "RUNNING" and state["weights_stale"] is False, state
+    assert stack.sim.violations == []
+
+
+async def test_a_session_the_state_file_remembers_but_vllm_lost_is_closed_at_the_finish(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    """The file is pessimistic: a session it keeps that vLLM no longer holds (vLLM restarted while the proxy was
+    down) ends at the trainer's finish, which vLLM refuses, with the weights marked stale and a sentence saying so."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/start_weight_update", json={})).status == 200
+    await stack.client.close()
+    stack.sim.weight_update_active = False  # the session vLLM lost, as a restart of vLLM loses it
+    client = await _restarted(stack, serve_lifeguard)
+    assert (await _state(client))["state"] == "UPDATING_WEIGHTS"
+
+    finish = await client.post("/finish_weight_update", json={})
+    assert finish.status == 409, await finish.text()
+    assert "no weight update session open" in (await finish.json())["error"]["message"]
+    state = await _state(client)
+    assert state["weight_update_active"] is False and state["weights_stale"] is True, state

@@ -26,6 +26,14 @@ def test_a_sleep_behind_vllms_executor_reads_back_as_such(tmp_path: Path) -> Non
     assert StateFile(str(path)).load() == facts
 
 
+def test_an_open_weight_update_session_reads_back_and_is_said_in_words(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    facts = PersistedFacts(Staleness.DISCARDED, weight_update_session="model", session_returns_to="PAUSED")
+    StateFile(str(path)).save(facts)
+    assert StateFile(str(path)).load() == facts
+    assert str(facts) == "weights discarded; a weight update session open on the model"
+
+
 def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"weights_stale": None, "user_pause": None}))
@@ -42,6 +50,8 @@ def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_pa
         {"user_pause": 3},
         {"asleep_tags": ["weights"], "sleep_unconfirmed": "yes"},
         {"weights_stale": "maybe"},
+        {"weight_update_session": "everything"},
+        {"weight_update_session": "model", "session_returns_to": "ASLEEP"},
         ["not", "an", "object"],
     ],
 )
