@@ -9,6 +9,8 @@ sessions are checked by the weights' checksums (weight_checksums.py). docs/desig
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import NoReturn
 
 from ..config import Settings
@@ -22,6 +24,8 @@ from .states import State
 from .verifier import CheckName, CheckResult
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
+
+log = logging.getLogger("lifeguard.lifecycle")
 
 # What vLLM's worker (0.32, gpu_worker.py) says when it holds no weight update session.
 _NO_SESSION_MESSAGES = (
@@ -99,9 +103,23 @@ class WeightUpdates:
         self._record.lifecycle.begin_weight_update()
         try:
             reply = await self._calls.post(call, "/update_weights", hint=prev)
-        finally:
+        except BaseException:
             if self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
+            raise
+        if _inside_a_session(call):
+            # vLLM's own handler answers 200 only inside a session: one this proxy did not see open (a proxy
+            # restarted without its state file, or killed while the start was answered). What the update wrote
+            # is not loaded until the finish, which must reach vLLM: the proxy holds the session from here.
+            log.warning(
+                "vLLM accepted /update_weights inside a weight update session this proxy did not know; it holds "
+                "the session until /finish_weight_update",
+                extra={"event": "session_adopted"},
+            )
+            self._record.session_opened(return_to=prev)
+            return reply
+        if self._record.state is State.UPDATING_WEIGHTS:
+            self._record.settle(prev)
         self._record.single_update_written()
         return reply
 
@@ -157,6 +175,16 @@ class WeightUpdates:
             "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "
             "closed its own and marked the weights stale: start a new session",
         ) from exc
+
+
+def _inside_a_session(call: LifecycleCall) -> bool:
+    """vLLM's own /update_weights (body `update_info`), which fails outside a session; not a server's own route
+    of that name that loads whole weights (prime-rl's `{"weight_dir"}`)."""
+    try:
+        body = json.loads(call.body) if call.body else None
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "update_info" in body
 
 
 def _says_no_session(exc: UpstreamBadStatus) -> bool:

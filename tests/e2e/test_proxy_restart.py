@@ -260,3 +260,23 @@ async def test_a_session_the_state_file_remembers_but_vllm_lost_is_closed_at_the
     assert "no weight update session open" in (await finish.json())["error"]["message"]
     state = await _state(client)
     assert state["weight_update_active"] is False and state["weights_stale"] is True, state
+
+
+async def test_without_a_state_file_vllms_200_to_an_update_inside_a_session_tells_the_proxy_of_it(
+    make_stack: Any, serve_lifeguard: Any
+) -> None:
+    """vLLM's own /update_weights answers 200 only inside a session: a proxy restarted without its state file
+    learns of the session from it and holds it, so the trainer's finish reaches vLLM instead of a 409."""
+    stack = await make_stack()
+    assert (await stack.client.post("/start_weight_update", json={})).status == 200
+    client = await _restarted(stack, serve_lifeguard)
+    assert (await _state(client))["weight_update_active"] is False  # nothing says so yet
+
+    assert (await client.post("/update_weights", json={"update_info": {}})).status == 200
+    state = await _state(client)
+    assert state["state"] == "UPDATING_WEIGHTS" and state["weight_update_active"] is True, state
+    await _held(client)  # inference waits for the finish, as in any session
+    finish = await client.post("/finish_weight_update", json={})
+    assert finish.status == 200, await finish.text()
+    assert not stack.sim.weight_update_active
+    assert (await _state(client))["state"] == "RUNNING"
