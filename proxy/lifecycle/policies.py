@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from ..config import Settings
 from ..errors import LifeguardError
@@ -19,6 +20,7 @@ from .rules import Staleness
 from .states import State
 
 log = logging.getLogger("lifeguard.policy")
+_REPEAT_LOG_S = 30.0
 
 
 class Policies:
@@ -29,6 +31,9 @@ class Policies:
         self._coordinator = coordinator
         self._gate = gate
         self._metrics = metrics
+        self._last_failure: tuple[str, str] | None = None
+        self._logged_at = 0.0
+        self._left_out = 0
 
     def request_held_while_sleeping(self) -> None:
         if self._settings.on_sleeping != "wake":
@@ -58,4 +63,17 @@ class Policies:
         try:
             await self._coordinator.submit(call)
         except LifeguardError as exc:
-            log.warning("policy %s failed: %s", call.op, exc.message, extra={"event": "policy", "reason": exc.reason})
+            self._failed(call.op, exc)
+        else:
+            self._last_failure = None
+
+    def _failed(self, op: str, exc: LifeguardError) -> None:
+        """Each held request of a sleeping engine asks for the wake again: the same refusal is one log line per
+        _REPEAT_LOG_S, with how many were left out, not one per request."""
+        now = time.monotonic()
+        if self._last_failure == (op, exc.reason) and now - self._logged_at < _REPEAT_LOG_S:
+            self._left_out += 1
+            return
+        more = f" ({self._left_out} more like it in the last {now - self._logged_at:.0f} s)" if self._left_out else ""
+        log.warning("policy %s failed: %s%s", op, exc.message, more, extra={"event": "policy", "reason": exc.reason})
+        self._last_failure, self._logged_at, self._left_out = (op, exc.reason), now, 0
