@@ -79,7 +79,9 @@ class Http:
         json_body: Any = None,
         timeout: float | None = None,
         token: bool = True,
+        first_bytes: asyncio.Event | None = None,
     ) -> Reply:
+        """`first_bytes`: set when the answer's body begins (a stream's first event: vLLM is running it)."""
         timeout = self.timeout if timeout is None else timeout
         shown = path + ("?" + urlencode(params) if params else "")
         headers = {TOKEN_HEADER: self.token} if self.token and token else {}
@@ -89,7 +91,14 @@ class Http:
                 async with self.session.request(
                     method, self.base + path, params=params, json=json_body, headers=headers
                 ) as resp:
-                    text = await resp.text(errors="replace")
+                    if first_bytes is None:
+                        text = await resp.text(errors="replace")
+                    else:
+                        chunks = []
+                        async for chunk in resp.content.iter_any():
+                            first_bytes.set()
+                            chunks.append(chunk)
+                        text = b"".join(chunks).decode(resp.get_encoding(), errors="replace")
                     return Reply(method, shown, resp.status, _json(text), text, dict(resp.headers), _since(started))
         except TimeoutError:
             return Reply(method, shown, None, seconds=_since(started), failure=f"no answer within {timeout:g} s")

@@ -149,11 +149,13 @@ def _flag(reply: Reply, name: str) -> bool | None:
     return bool(reply.body[name]) if isinstance(reply.body, dict) and name in reply.body else None
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float) -> bool:
-    """Poll ``check`` until it holds (True) or ``timeout`` passes (False)."""
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float, unless: Callable[[], bool] | None = None
+) -> bool:
+    """Poll ``check`` until it holds (True), or ``timeout`` passes or ``unless`` holds (False)."""
     deadline = time.monotonic() + timeout
     while not await check():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (unless is not None and unless()):
             return False
         await asyncio.sleep(0.05)
     return True

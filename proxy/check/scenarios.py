@@ -293,20 +293,34 @@ async def prefix_cache_after_weight_change(col: Column) -> Finding:
     """The fully-async weight sync of SkyRL 0.4 and TRL: a request kept by the pause holds blocks, so the reset
     fails (class 21, vLLM #46893)."""
     await col.completion(prompt=CACHED_PROMPT)
-    stream = col.later(col.call("POST", "/v1/completions", json_body=_long_stream_body(col.model), timeout=120))
-    if not await eventually(lambda: _running(col), timeout=WAIT_DEADLINE_S):
+    # Running once its first event came (vLLM's running gauge read 0 through a whole 15 s stream at times on
+    # vLLM-for-CPU 0.32, after a sleep and wake the CPU worker ignores).
+    began = asyncio.Event()
+    body = _long_stream_body(col.model)
+    stream = col.later(col.call("POST", "/v1/completions", json_body=body, timeout=120, first_bytes=began))
+
+    async def running() -> bool:
+        return (began.is_set() or await _running(col)) and not stream.done()
+
+    if not await eventually(running, timeout=WAIT_DEADLINE_S, unless=stream.done):
         stream.cancel()
-        return skip("no request could be kept running to hold cache blocks")
+        ended = (
+            f": it ended first ({stream.result().summary()[:100]})" if stream.done() and not stream.cancelled() else ""
+        )
+        return skip(f"no request could be kept running to hold cache blocks{ended}")
     try:
         await col.post("/pause", mode="keep", clear_cache="false")
         reload = await col.rpc("reload_weights")
         reset = await col.post("/reset_prefix_cache")
+        kept = not stream.done()  # the pause froze it: it held its blocks through the reset
         await col.post("/resume")
     finally:
         stream.cancel()
         await asyncio.gather(stream, return_exceptions=True)
     if reload.status != 200:
         return skip(f"the weights could not be reloaded here: {reload.summary()[:100]}")
+    if not kept:
+        return skip(f"the request meant to be kept ended before the reset ({stream.result().summary()[:80]})")
     partition = reset.headers.get("X-Lifeguard-Prefix-Cache")
     success = reset.body.get("success") if isinstance(reset.body, dict) else None
     if partition in ("partitioned", "clean"):
