@@ -402,14 +402,19 @@ async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: Sim
 async def recover_all(session: aiohttp.ClientSession, engines: list[Guarded], tally: Tally, *,
                       across_pods: bool = False) -> Guarded:  # fmt: skip
     """Recover every engine through the proxy; with several, a FAILED one first (dead awake, it leaves no
-    room for a wake), in up to three rounds. Recovering one puts the one recovered before to sleep (one fits
-    awake): each has to come back to RUNNING once; the final requests then swap them in turn. Across pods
-    nothing puts another pod's engine to sleep: the operator does, through that pod's proxy, before each
-    recovery. The engine recovered last (the one awake at the end)."""
+    room for a wake), then one with requests inside vLLM (a trainer's keep-mode sleep froze them: they wait for
+    its wake, and recovering the others first ran them past their deadline: seed 8904),
+    in up to three rounds. Recovering one puts the one recovered before to sleep (one fits awake): each has to
+    come back to RUNNING once; the final requests then swap them in turn. Across pods nothing puts another pod's
+    engine to sleep: the operator does, through that pod's proxy, before each recovery. The engine recovered last
+    (the one awake at the end)."""
     last = engines[-1]
     for _ in range(3):
-        states = {e.name: await proxy_state(session, e.base) for e in engines}
-        order = sorted(engines, key=lambda e: (states[e.name] or {}).get("state") != "FAILED")
+        states = {e.name: await proxy_state(session, e.base) or {} for e in engines}
+        order = sorted(
+            engines,
+            key=lambda e: (states[e.name].get("state") != "FAILED", not states[e.name].get("inflight_requests")),
+        )
         for e in order:
             if across_pods:
                 for other in engines:
