@@ -101,13 +101,14 @@ class WeightUpdates:
             return await self.in_session(call, locked=True)
         prev = self._record.state  # no session open: this call is a session of its own
         self._record.lifecycle.begin_weight_update()
+        adopted = False
         try:
             reply = await self._calls.post(call, "/update_weights", hint=prev)
-        except BaseException:
-            if self._record.state is State.UPDATING_WEIGHTS:
+            adopted = _inside_a_session(call)
+        finally:
+            if not adopted and self._record.state is State.UPDATING_WEIGHTS:
                 self._record.settle(prev)
-            raise
-        if _inside_a_session(call):
+        if adopted:
             # vLLM's own handler answers 200 only inside a session: one this proxy did not see open (a proxy
             # restarted without its state file, or killed while the start was answered). What the update wrote
             # is not loaded until the finish, which must reach vLLM: the proxy holds the session from here.
@@ -118,8 +119,6 @@ class WeightUpdates:
             )
             self._record.session_opened(return_to=prev)
             return reply
-        if self._record.state is State.UPDATING_WEIGHTS:
-            self._record.settle(prev)
         self._record.single_update_written()
         return reply
 
