@@ -105,23 +105,35 @@ class Column:
             await self.post("/resume")
         if self.lifeguard and (await self.lifeguard_state()).get("weights_stale"):
             await self.rpc("reload_weights")  # the lifeguard holds inference until the weights are loaded again
+        reset_due = False
         if self.golden is not None and await self.answer_text() != self.golden:
             # A level-2 sleep discarded the weights, or a row wrote new ones: load the checkpoint again, as a
             # trainer would, and drop the prefix cache, whose blocks the other weights computed (class 21).
             await self.rpc("reload_weights")
-            await self.post("/reset_prefix_cache")
+            reset_due = True
         deadline = time.monotonic() + self.restore_deadline_s
         while True:
             state = await self.flags()
             why = await busy(self.http, "lifeguard" if self.lifeguard else "vllm")
-            if not state["is_sleeping"] and not state["is_paused"] and state["health"] == 200 and why is None:
+            idle = not state["is_sleeping"] and not state["is_paused"] and state["health"] == 200 and why is None
+            if idle and reset_due:
+                # Once idle: vLLM resets only while no request holds blocks, and another client's request (the
+                # lifeguard's own canary, behind the direct column) may have held some a moment ago.
+                reset_due = not await self._prefix_cache_reset()
+            if idle and not reset_due:
                 break
             if (lost := await self.lost()) or time.monotonic() > deadline:
-                return lost or f"the engine did not come back within {self.restore_deadline_s:g} s: {why or state}"
+                left = why or ("its prefix cache could not be reset" if reset_due else state)
+                return lost or f"the engine did not come back within {self.restore_deadline_s:g} s: {left}"
             await asyncio.sleep(0.1)  # polling the engine's flags, with the deadline above
         if self.golden is not None and (now := await self.answer_text()) != self.golden:
             return f"the engine answers the canary {now!r}, not {self.golden!r} as before"
         return None
+
+    async def _prefix_cache_reset(self) -> bool:
+        """True unless vLLM answered 200 `{"success": false}` (blocks still held: try again)."""
+        reply = await self.post("/reset_prefix_cache")
+        return not (reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("success") is False)
 
     async def lost(self) -> str | None:
         """Why the engine cannot be brought back by the check (dead, or failed in the lifeguard), or None."""
