@@ -17,7 +17,9 @@ time between lifeguard and nginx, its two values alternated, and prints lifeguar
 * logging: the rig's `--log-level warning` / `serve`'s default, info;
 * loop: uvloop (the default) / asyncio's own (`LIFEGUARD_EVENT_LOOP=asyncio`);
 * contention: the cores as they are / two more busy loops on them while each run lasts;
-* cache: two more busy loops / two more loops copying 64 MiB over and over (what they evict, not their CPU).
+* cache: two more busy loops / two more loops copying 64 MiB over and over (what they evict, not their CPU);
+* floor: lifeguard / `floor.py`, a bare relay on uvloop (the least Python any proxy on uvloop runs per request:
+  what lifeguard costs above it is its own, what it costs above nginx is the language's and the loop's).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from fixed import wrk
-from procs import log, median_dict, run_ratios
+from procs import free_port, log, median_dict, run_ratios, wait_until
 from rig import TWO_ENGINE_MODELS, Rig
 
 CONNS = 64
+HERE = Path(__file__).resolve().parent
 #: a co-runner that streams through memory (evicting the caches it shares), where `while True: pass` barely touches them
 MEMORY_HOG = "b = bytearray(64 << 20)\nwhile True: bytes(b)"
 
@@ -141,12 +144,28 @@ async def vary(rig: Rig, name: str) -> tuple[str, str, dict[str, Variant]]:
         values = ("+2 busy loops", "+2 loops copying 64 MiB")
         nginx, a = replace(nginx, hogs=2), replace(a, hogs=2)
         b_nginx, b = replace(nginx, hog=MEMORY_HOG), replace(a, hog=MEMORY_HOG)
+    elif name == "floor":
+        values = ("lifeguard", "floor.py: a bare relay on uvloop")
+        port_b = free_port()
+        argv = [sys.executable, str(HERE / "floor.py"), "--port", str(port_b), "--upstream-port", str(rig.up_port)]
+        floor = rig.start("lifeguard-b", argv)  # named so that the round's end stops it with the others
+        await wait_until(lambda: accepts(port_b), "floor.py to accept connections")
+        b_nginx, b = nginx, Variant(port_b, floor.pid)
     else:
         raise SystemExit(f"outside.py: no variable {name!r}")
     variants = {"nginx|A": nginx, "lifeguard|A": a, "nginx|B": b_nginx, "lifeguard|B": b}
     for v in variants.values():
         await wrk(v.port, 16, 1, None)
     return values[0], values[1], variants
+
+
+async def accepts(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
 
 
 def joined(values: list[float], spec: str) -> str:
