@@ -4,6 +4,7 @@ each row sent there and got back, the engine's state after a row, and bringing t
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,10 +56,23 @@ class Column:
         return await self.call("POST", "/collective_rpc", json_body={"method": method})
 
     async def completion(
-        self, *, model: str | None = None, prompt: str = CANARY_PROMPT, timeout: float = WAIT_DEADLINE_S
+        self,
+        *,
+        model: str | None = None,
+        prompt: str = CANARY_PROMPT,
+        timeout: float = WAIT_DEADLINE_S,
+        cache_salt: str | None = None,
     ) -> Reply:
-        body = {"model": model or self.model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        body: dict[str, object] = {"model": model or self.model, "prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                   "ignore_eos": True}  # fmt: skip
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         return await self.call("POST", "/v1/completions", json_body=body, timeout=timeout)
+
+    async def canary(self, model: str | None = None) -> Reply:
+        """The canary, salted afresh: its answer comes from the weights, never from a prefix-cache block other
+        weights computed (a row that wrote weights leaves the canary's block cached, and the old answer with it)."""
+        return await self.completion(model=model, cache_salt=f"lifeguard-check-{secrets.token_hex(8)}")
 
     def later(self, reply: Awaitable[Reply]) -> asyncio.Task[Reply]:
         """A request left waiting while the row goes on; the row awaits it (it has its own deadline)."""
@@ -90,8 +104,7 @@ class Column:
         return int((await self.lifeguard_state()).get("held_requests") or 0)
 
     async def answer_text(self, model: str | None = None) -> str | None:
-        reply = await self.completion(model=model)
-        return completion_text(reply)
+        return completion_text(await self.canary(model))
 
     async def restore(self) -> str | None:
         """Back to awake, unpaused, idle and answering the golden canary; None when it is, else why not."""

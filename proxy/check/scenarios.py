@@ -48,7 +48,7 @@ async def _untrue(col: Column, reply: Reply, *, sleeping: bool | None = None, pa
 async def _sent_while_asleep(col: Column) -> tuple[asyncio.Task[Reply], bool, int]:
     """A completion sent now: its task, whether it was answered within the pending window, and if not, how many
     requests the lifeguard says it holds (0 for vLLM itself)."""
-    pending = col.later(col.completion())
+    pending = col.later(col.canary())
     done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
     held = await col.held() if not done else 0
     return pending, bool(done), held
@@ -90,7 +90,7 @@ async def level2_without_reload(col: Column) -> Finding:
     woke = await col.wake()
     if woke.status != 200:
         return green(f"the wake answered {woke.summary()}")
-    pending = col.later(col.completion())
+    pending = col.later(col.canary())
     done, _ = await asyncio.wait({pending}, timeout=col.pending_window_s)
     if done:
         answer = completion_text(pending.result())
@@ -110,7 +110,7 @@ async def level2_without_reload(col: Column) -> Finding:
 
 async def repeated_sleep(col: Column) -> Finding:
     await col.sleep(1)
-    queued = col.later(col.completion())
+    queued = col.later(col.canary())
     await _until_waiting(col, queued)
     again = await col.sleep(1)
     noop = again.headers.get("X-Lifeguard-Noop") == "true"

@@ -283,8 +283,8 @@ async def test_a_row_that_hangs_is_red_not_stuck(bare_sim: Any, tmp_path: Path) 
 async def test_the_restore_resets_the_prefix_cache_once_another_clients_request_ended(bare_sim: Any) -> None:
     """Behind the direct column the lifeguard sends its own canary to vLLM. The restore after a row that wrote
     weights reloads them and resets the prefix cache: a reset while another request holds blocks answers 200
-    {"success": false}, and the canary then reused the KV the row's weights computed, so the restore failed and
-    every later row was "not run" (CI, the whole matrix on 0.33: the last two of vLLM's reds missing)."""
+    {"success": false}, and blocks the row's weights computed stayed cached for the next client (CI, the whole
+    matrix on 0.33: the restore's canary read them, and every later row was "not run")."""
     server = await bare_sim("0.33")
     engine = sim_of(server)
     async with aiohttp.ClientSession() as session:
@@ -293,13 +293,32 @@ async def test_the_restore_resets_the_prefix_cache_once_another_clients_request_
         for path, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
                            ("/finish_weight_update", {})):  # fmt: skip
             assert (await column.call("POST", path, json_body=body)).status == 200
-        assert (await column.post("/reset_prefix_cache")).body == {"success": True}  # no block of the old weights
+        assert (await column.completion()).status == 200  # a client's request: its blocks, of the row's weights
         other = {"model": column.model, "prompt": "elsewhere", "max_tokens": 300, "ignore_eos": True}
         running = asyncio.ensure_future(column.http.call("POST", "/v1/completions", json_body=other, timeout=20))
         assert await eventually(lambda: _true(engine.scheduler.running == 1), timeout=10), "the request never ran"
         assert await column.restore() is None
         assert engine.scheduler.running == 0 and (await running).status == 200
+        assert (await column.completion()).status == 200  # the same request again, after the restore
+        assert [v["kind"] for v in engine.violations] == [], "served from blocks the row's weights computed"
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_restore_sees_weights_a_row_wrote_behind_the_canarys_cached_prefix(bare_sim: Any) -> None:
+    """The canary's prompt fills a prefix-cache block. A row that writes weights leaves that block cached, and an
+    unsalted canary read the old weights' KV from it: the restore found the canary as before and left the engine
+    serving the row's weights (and `left-as-found` would have said green)."""
+    server = await bare_sim("0.33")
+    engine = sim_of(server)
+    async with aiohttp.ClientSession() as session:
+        column = Column("direct", Http(session, url_of(server)), False, engine.settings.model, NoGpuReader())
+        column.golden = await column.answer_text()
+        for path, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
+                           ("/finish_weight_update", {})):  # fmt: skip
+            assert (await column.call("POST", path, json_body=body)).status == 200
+        assert engine.weight_writes == 1
+        assert await column.restore() is None
+        assert engine.weight_writes == 0, "the restore reloads the checkpoint"
