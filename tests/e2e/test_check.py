@@ -288,11 +288,8 @@ async def test_the_restore_resets_the_prefix_cache_once_another_clients_request_
     server = await bare_sim("0.33")
     engine = sim_of(server)
     async with aiohttp.ClientSession() as session:
-        column = Column("direct", Http(session, url_of(server)), False, engine.settings.model, NoGpuReader())
-        column.golden = await column.answer_text()
-        for path, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
-                           ("/finish_weight_update", {})):  # fmt: skip
-            assert (await column.call("POST", path, json_body=body)).status == 200
+        column = await _direct_column(session, server)
+        await _a_row_writes_weights(column)
         assert (await column.completion()).status == 200  # a client's request: its blocks, of the row's weights
         other = {"model": column.model, "prompt": "elsewhere", "max_tokens": 300, "ignore_eos": True}
         running = asyncio.ensure_future(column.http.call("POST", "/v1/completions", json_body=other, timeout=20))
@@ -307,6 +304,19 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def _direct_column(session: aiohttp.ClientSession, server: TestServer) -> Column:
+    """The direct column on `server`, its golden canary recorded, as the command starts it."""
+    column = Column("direct", Http(session, url_of(server)), False, sim_of(server).settings.model, NoGpuReader())
+    column.golden = await column.answer_text()
+    return column
+
+
+async def _a_row_writes_weights(column: Column) -> None:
+    for path, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
+                       ("/finish_weight_update", {})):  # fmt: skip
+        assert (await column.call("POST", path, json_body=body)).status == 200
+
+
 async def test_the_restore_sees_weights_a_row_wrote_behind_the_canarys_cached_prefix(bare_sim: Any) -> None:
     """The canary's prompt fills a prefix-cache block. A row that writes weights leaves that block cached, and an
     unsalted canary read the old weights' KV from it: the restore found the canary as before and left the engine
@@ -314,11 +324,9 @@ async def test_the_restore_sees_weights_a_row_wrote_behind_the_canarys_cached_pr
     server = await bare_sim("0.33")
     engine = sim_of(server)
     async with aiohttp.ClientSession() as session:
-        column = Column("direct", Http(session, url_of(server)), False, engine.settings.model, NoGpuReader())
-        column.golden = await column.answer_text()
-        for path, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {}}),
-                           ("/finish_weight_update", {})):  # fmt: skip
-            assert (await column.call("POST", path, json_body=body)).status == 200
+        column = await _direct_column(session, server)
+        assert (await column.completion()).status == 200  # a client's request: its blocks, of the checkpoint's
+        await _a_row_writes_weights(column)
         assert engine.weight_writes == 1
         assert await column.restore() is None
         assert engine.weight_writes == 0, "the restore reloads the checkpoint"
