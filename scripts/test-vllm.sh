@@ -143,6 +143,8 @@ if [[ -n ${LIFEGUARD_CI_RECORD:-} && -s $LIFEGUARD_CI_RECORD/reruns.jsonl ]]; th
   "$BIN/python" -c 'import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print("[test-vllm] RERUN " + r["test"] + ": " + r["reason"])' "$LIFEGUARD_CI_RECORD/reruns.jsonl" >&2
+    print("[test-vllm] RERUN " + r["test"] + ": " + r["reason"] + (" at " + r["where"] if r.get("where") else ""))
+    for name, tail in r.get("logs", {}).items():
+        print("[test-vllm]   " + name + ", its last lines at the failure:\n" + tail)' "$LIFEGUARD_CI_RECORD/reruns.jsonl" >&2
 fi
 ((rc_e2e == 0 && rc_skyrl04 == 0 && rc_conf == 0))

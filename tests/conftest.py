@@ -33,8 +33,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if CI_RECORD and report.outcome == "rerun":
         crash = getattr(report.longrepr, "reprcrash", None)
         reason = crash.message if crash is not None else (str(report.longrepr).strip().splitlines() or [""])[-1]
+        where = f"{os.path.relpath(crash.path)}:{crash.lineno}" if crash is not None else ""
+        # What a test's harness attached to its report (tests/vllm: each proxy's log tail), for the CI log.
+        logs = {name: content for name, content in report.sections if name.startswith("proxy log")}
+        record = {"test": report.nodeid, "when": report.when, "reason": str(reason), "where": where, "logs": logs}
         with open(Path(CI_RECORD) / "reruns.jsonl", "a") as f:
-            f.write(json.dumps({"test": report.nodeid, "when": report.when, "reason": str(reason)}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 #: The loop every async test runs on: `serve`'s (uvloop), or asyncio's own, its fallback (`make test` runs both).

@@ -191,10 +191,25 @@ class Proxy:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+#: The proxies a test started, whose logs' tails its failure report carries (`pytest_runtest_makereport`).
+PROXIES = pytest.StashKey[list[Proxy]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the tail of each proxy's log: the proxy runs apart from the test, and a
+    failure that a rerun passes otherwise leaves only its assertion behind (CI keeps no files)."""
+    outcome: Any = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for proxy in item.stash.get(PROXIES, []):
+            report.sections.append((f"proxy log {proxy.log_path.name}", proxy.log_tail(40)))
+
+
 @pytest.fixture
-def start_proxy(vllm_server: Any, tmp_path: Path) -> Iterator[Callable[..., Proxy]]:
+def start_proxy(vllm_server: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Proxy]]:
     """Factory: ``start_proxy(LIFEGUARD_X="y")`` resets the shared vLLM, then starts a proxy with that env."""
-    started: list[Proxy] = []
+    started = request.node.stash[PROXIES] = []  # a rerun starts its own
 
     def _start(**env: str) -> Proxy:
         reset_vllm(vllm_server)
