@@ -283,11 +283,13 @@ def engine_matches(proxy: dict[str, Any], sim: dict[str, Any], *, session_unknow
     a proxy restart cut a weight-update session, and vLLM has no flag that shows one (docs/behaviour.md)."""
     state = proxy["state"]
     tags = set(sim["asleep_tags"])
+    if sim.get("dead"):
+        # STARTING: a proxy (re)started while its engine was down has never reached it, and says so. A session the
+        # proxy remembers is not compared: the dead process took its own with it, and a /health blip looks the
+        # same as a death until vLLM answers again (the proxy forgets it on the restart it sees: seed 7242).
+        return None if state in ("FAILED", "STARTING") else f"engine is dead but the proxy says {state}"
     if not session_unknowable and bool(proxy["weight_update_active"]) != bool(sim["weight_update_active"]):
         return f"weight_update_active: proxy {proxy['weight_update_active']}, engine {sim['weight_update_active']}"
-    if sim.get("dead"):
-        # STARTING: a proxy (re)started while its engine was down has never reached it, and says so.
-        return None if state in ("FAILED", "STARTING") else f"engine is dead but the proxy says {state}"
     if state == "FAILED":
         # Healthy but broken: it answers garbage, or a tag it calls awake has no memory behind it. Only a
         # restart (the healer's, or the recovery's) mends these in the simulator; the proxy must not

@@ -12,6 +12,7 @@ from chaos_checks import (
     MemoryMove,
     WakeSpan,
     cut_by_restart,
+    engine_matches,
     more_awake_than_fits,
     overlapping_wakes,
     read_journal,
@@ -25,6 +26,19 @@ def _engine(**overrides: Any) -> dict[str, Any]:
                              "paused": False, "weight_update_active": False, "dead": False}  # fmt: skip
     state.update(overrides)
     return state
+
+
+def test_a_dead_engine_is_not_asked_about_the_session_its_failed_proxy_remembers() -> None:
+    """make chaos-pods, seed 7242: the engine died in a weight update session and stayed dead (no room to
+    restart); its proxy, FAILED, still remembered the session, and the settle called that a disagreement."""
+    proxy = {"state": "FAILED", "weight_update_active": True, "asleep_tags": [], "lifecycle_busy": False}
+    dead = {"dead": True, "asleep_tags": [], "weight_update_active": False}
+    assert engine_matches(proxy, dead) is None
+    assert engine_matches({**proxy, "state": "RUNNING"}, dead) == "engine is dead but the proxy says RUNNING"
+    alive = {**_engine(), "asleep_tags": [], "garbage": False, "memory": {"resident": ["weights", "kv_cache"]}}
+    assert engine_matches({**proxy, "state": "UPDATING_WEIGHTS"}, alive) == (
+        "weight_update_active: proxy True, engine False"
+    )
 
 
 def _noop_sleep(level: int) -> Call:
