@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..gpu.readers import GpuMemoryReader
+from ..lifecycle.prefix_cache import reset_result
 from .client import Http, Reply
 from .target import busy
 
@@ -146,7 +147,7 @@ class Column:
     async def _prefix_cache_reset(self) -> bool:
         """True unless vLLM answered 200 `{"success": false}` (blocks still held: try again)."""
         reply = await self.post("/reset_prefix_cache")
-        return not (reply.status == 200 and isinstance(reply.body, dict) and reply.body.get("success") is False)
+        return reply.status is None or reset_result(reply.status, reply.text.encode()) is not False
 
     async def lost(self) -> str | None:
         """Why the engine cannot be brought back by the check (dead, or failed in the lifeguard), or None."""

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ..lifecycle.prefix_cache import reset_result
 from .client import Reply
 from .engine import WAIT_DEADLINE_S, Column, completion_text, eventually
 from .target import metric_sum
@@ -322,13 +323,12 @@ async def prefix_cache_after_weight_change(col: Column) -> Finding:
     if not kept:
         return skip(f"the request meant to be kept ended before the reset ({stream.result().summary()[:80]})")
     partition = reset.headers.get("X-Lifeguard-Prefix-Cache")
-    success = reset.body.get("success") if isinstance(reset.body, dict) else None
     if partition in ("partitioned", "clean"):
         return green(
             f"the reset answered {reset.summary()[:60]} with X-Lifeguard-Prefix-Cache: {partition}: "
             "no later request is served from blocks of the old weights"
         )
-    if reset.status == 200 and success is False:
+    if reset.status is not None and reset_result(reset.status, reset.text.encode()) is False:
         return red(
             'after the weight change /reset_prefix_cache answered 200 {"success": false} (a kept request '
             "holds blocks): later requests with a cached prefix run on KV of the old weights"

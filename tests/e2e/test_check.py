@@ -30,6 +30,8 @@ from proxy.gpu.readers import NoGpuReader
 pytestmark = pytest.mark.timeout(110)
 
 PROFILES = ("0.32", "0.33")
+#: A client session's bound, under the tests' own 110 s: a hung call is named by its step, not by pytest.
+SESSION_TIMEOUT = aiohttp.ClientTimeout(total=60)
 #: Short enough that the matrix runs in seconds here; the command's own window is 2 s.
 WINDOW_S = 0.4
 #: Each lie the simulator injects without killing its process, and the row that must catch it.
@@ -287,7 +289,7 @@ async def test_the_restore_resets_the_prefix_cache_once_another_clients_request_
     matrix on 0.33: the restore's canary read them, and every later row was "not run")."""
     server = await bare_sim("0.33")
     engine = sim_of(server)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session:
         column = await _direct_column(session, server)
         await _a_row_writes_weights(column)
         assert (await column.completion()).status == 200  # a client's request: its blocks, of the row's weights
@@ -323,7 +325,7 @@ async def test_the_restore_sees_weights_a_row_wrote_behind_the_canarys_cached_pr
     serving the row's weights (and `left-as-found` would have said green)."""
     server = await bare_sim("0.33")
     engine = sim_of(server)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session:
         column = await _direct_column(session, server)
         assert (await column.completion()).status == 200  # a client's request: its blocks, of the checkpoint's
         await _a_row_writes_weights(column)
