@@ -139,14 +139,13 @@ class Settings(BaseSettings):
         lt=5.0,
         description="Seconds an idle pooled connection to vLLM is kept; must stay under uvicorn's 5 s.",
     )
-    # 128 fits the smallest listen backlog a kernel gives.
-    upstream_max_connecting: int = Field(
-        default=128,
+    upstream_max_connecting: int | None = Field(
+        default=None,
         gt=0,
         description=(
             "Connections to vLLM being opened at once; more requests wait for one of them, or for a pooled "
             "connection that comes back (a burst of released held requests must not overflow vLLM's listen "
-            "backlog)."
+            "backlog). null: 1,024, or the kernel's net.core.somaxconn where that is lower (128 before Linux 5.4)."
         ),
     )
     upstream_max_connections: int = Field(

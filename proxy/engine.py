@@ -29,7 +29,7 @@ from .observe.metrics import EngineMetrics
 from .observe.unknown_routes import UnknownRoutes
 from .tasks import Tasks
 from .upstream.control_client import VllmClient
-from .upstream.pool import Connection, UpstreamConnection, UpstreamPool
+from .upstream.pool import Connection, UpstreamConnection, UpstreamPool, default_max_connecting
 
 
 class Upstream:
@@ -56,7 +56,7 @@ class Upstream:
         self.pool = UpstreamPool(
             connect,
             max_connections=settings.upstream_max_connections,
-            max_connecting=settings.upstream_max_connecting,
+            max_connecting=settings.upstream_max_connecting or default_max_connecting(),
             keepalive_s=settings.upstream_keepalive_s,
             connect_timeout_s=settings.connect_timeout_s,
             name="vllm",

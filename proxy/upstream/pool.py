@@ -13,12 +13,21 @@ import asyncio
 import collections
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Protocol, cast
 
 import httptools
 
 from ..errors import transport_failure
 from ..tasks import Tasks
+
+#: Connects at once by default: half the listen backlog vLLM's uvicorn asks for (2,048). The bound is what a burst of
+#: new streams waits on (docs/performance.md, 2026-12-07: 2,048 streams at once all delivering in 1.12 s at 1,024
+#: against 1.73 s at 128); the kernel caps every listen queue at net.core.somaxconn, and handshakes past a full
+#: queue are dropped and retried a second later.
+MAX_CONNECTING = 1024
+#: Where the sidecar reads that cap: vLLM in the same pod shares its network namespace, and so the value.
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
 
 Connection = tuple[asyncio.BaseTransport, "UpstreamConnection"]
 #: Opens one connection with the protocol the factory makes (loop.create_connection or create_unix_connection).
@@ -225,6 +234,15 @@ class UpstreamConnection(asyncio.Protocol):
             if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
                 return True
         return False
+
+
+def default_max_connecting(somaxconn: Path = SOMAXCONN) -> int:
+    """`upstream_max_connecting` when it is not set: MAX_CONNECTING, or the kernel's cap on a listen queue where
+    that is lower (128 before Linux 5.4); 128, the smallest a kernel gives, where the cap cannot be read."""
+    try:
+        return max(1, min(MAX_CONNECTING, int(somaxconn.read_text())))
+    except (OSError, ValueError):
+        return 128
 
 
 class UpstreamPool:

@@ -310,6 +310,43 @@ async def test_the_vllm_pool_opens_no_more_than_upstream_max_connecting_at_once_
     assert stack.sim_count("generate") == 8
 
 
+async def test_at_the_defaults_a_burst_opens_as_many_connections_at_once_as_the_kernel_lets_vllm_queue(
+    make_stack: Callable[..., Awaitable[Stack]],
+) -> None:
+    """A batch of new streams waits on its connects to vLLM (docs/performance.md, 2026-12-07): at the defaults as
+    many are opened at once as the kernel's cap on vLLM's listen queue allows, up to 1,024 (128 before)."""
+    stack = await _raw_stack(make_stack)
+    pool = stack.engine.upstream.pool
+    opened: list[object] = []
+    failed: list[str] = []
+
+    class Waiter:
+        wants_connection = True
+
+        def connected(self, conn: Any) -> None:
+            opened.append(conn)
+            conn.reusable = True
+            conn.release()
+
+        def connect_failed(self, why: str) -> None:
+            failed.append(why)
+
+        def crashed(self, where: str, exc: BaseException) -> None:
+            failed.append(f"{where}: {exc!r}")
+
+    burst = 300
+    for _ in range(burst):
+        pool.acquire(Waiter())
+    with open("/proc/sys/net/core/somaxconn") as f:  # the kernel's, as the proxy reads it
+        expected = min(1024, int(f.read()))
+    assert pool.connecting == min(burst, expected) > 128
+    deadline = time.monotonic() + 20
+    while len(opened) + len(failed) < burst:
+        assert time.monotonic() < deadline, f"{len(opened)} of {burst} waiters got a connection within 20 s"
+        await asyncio.sleep(0.01)
+    assert not failed, failed[:3]
+
+
 class Streams:
     """A vLLM stand-in whose streams send one event, then hold their connection until `ended` is set."""
 
