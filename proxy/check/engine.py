@@ -146,8 +146,7 @@ class Column:
 
     async def _prefix_cache_reset(self) -> bool:
         """True unless vLLM answered 200 `{"success": false}` (blocks still held: try again)."""
-        reply = await self.post("/reset_prefix_cache")
-        return reply.status is None or reset_result(reply.status, reply.text.encode()) is not False
+        return prefix_cache_reset_said(await self.post("/reset_prefix_cache")) is not False
 
     async def lost(self) -> str | None:
         """Why the engine cannot be brought back by the check (dead, or failed in the lifeguard), or None."""
@@ -185,3 +184,9 @@ async def eventually(
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+def prefix_cache_reset_said(reply: Reply) -> bool | None:
+    """What a `/reset_prefix_cache` reply says, by the proxy's one rule for it (`prefix_cache.reset_result`): True
+    (emptied), False (200 `{"success": false}`: blocks still held), None (nothing came back, or it does not say)."""
+    return None if reply.status is None else reset_result(reply.status, reply.text.encode())

@@ -9,9 +9,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..lifecycle.prefix_cache import reset_result
 from .client import Reply
-from .engine import WAIT_DEADLINE_S, Column, completion_text, eventually
+from .engine import WAIT_DEADLINE_S, Column, completion_text, eventually, prefix_cache_reset_said
 from .target import metric_sum
 
 GREEN, RED, SKIP = "green", "red", "skip"
@@ -328,7 +327,7 @@ async def prefix_cache_after_weight_change(col: Column) -> Finding:
             f"the reset answered {reset.summary()[:60]} with X-Lifeguard-Prefix-Cache: {partition}: "
             "no later request is served from blocks of the old weights"
         )
-    if reset.status is not None and reset_result(reset.status, reset.text.encode()) is False:
+    if prefix_cache_reset_said(reset) is False:
         return red(
             'after the weight change /reset_prefix_cache answered 200 {"success": false} (a kept request '
             "holds blocks): later requests with a cached prefix run on KV of the old weights"
