@@ -329,7 +329,9 @@ class EngineRecord:
             if level == 2:  # a level-2 sleep we did not make (or whose answer we lost): same as our own
                 self.discarded()
             self.settle(State.SLEEPING)
-        elif hint is State.UPDATING_WEIGHTS:
+        elif hint is State.UPDATING_WEIGHTS or self.weight_update_active:
+            # A session open on a paused engine (the RL path: pause keep, then the session): vLLM's flags say
+            # only "paused", and a restarted proxy's state file keeps the session. It is still the session's state.
             self.settle(State.UPDATING_WEIGHTS)
         elif hint in (State.PAUSED, State.RUNNING, State.PAUSING, State.RESUMING) or obs.metric_awake:
             # Older vLLM set the gauge awake after a partial wake too: "awake" only overrides a non-sleep hint.

@@ -243,6 +243,33 @@ async def test_with_a_state_file_a_weight_update_session_survives_a_restart(
     assert stack.sim.violations == []
 
 
+async def test_a_session_remembered_on_a_paused_engine_is_still_a_session_after_the_restart(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    """Found by `make chaos-pods` (seeds 101, 102): the RL path (pause keep, then a session) with the proxy killed
+    inside it. vLLM's flags say only "paused"; the restarted proxy settled PAUSED beside the session its file kept,
+    let a level-2 sleep and a /resume into it, and the finish then returned to the PAUSED of the session's start:
+    the next /pause and /sleep were answered as no-ops on an engine that was running, or asleep at another level."""
+    stack = await make_stack(state_file=str(tmp_path / "lifeguard-state.json"))
+    assert (await stack.client.post("/pause", params={"mode": "keep"})).status == 200
+    assert (await stack.client.post("/start_weight_update", json={})).status == 200
+    client = await _restarted(stack, serve_lifeguard)  # vLLM paused with a session open; only the file knows
+
+    state = await _state(client)
+    assert state["state"] == "UPDATING_WEIGHTS" and state["weight_update_active"] is True, state
+    for op, params in (("sleep", {"level": "2"}), ("resume", {}), ("pause", {"mode": "keep"})):
+        refused = await client.post(f"/{op}", params=params)
+        assert refused.status == 409, (op, await refused.text())
+        assert refused.headers["X-Lifeguard-Reason"] == "weight_update_in_progress", op
+    assert stack.sim.sleep_level is None and stack.sim.is_paused, "nothing reached vLLM"
+
+    assert (await client.post("/finish_weight_update", json={})).status == 200
+    assert (await _state(client))["state"] == "PAUSED"
+    assert (await client.post("/resume")).status == 200
+    assert not stack.sim.is_paused and (await _state(client))["state"] == "RUNNING"
+    assert stack.sim.violations == []
+
+
 async def test_a_session_the_state_file_remembers_but_vllm_lost_is_closed_at_the_finish(
     make_stack: Any, serve_lifeguard: Any, tmp_path: Path
 ) -> None:
