@@ -382,6 +382,9 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
     them to fire, then plays the operator for the kinds only a restart clears (hang, wedge)."""
     rng = random.Random(seed)
     kinds: list[str] = []
+    # The last round's: where its faults' journal starts, and the process they were armed in.
+    journal_mark = 0
+    round_pid: int | None = None
     while not stop.is_set():
         chosen: dict[str, str] = {}
         while len(chosen) < 2:
@@ -398,6 +401,7 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
         specs = [f"{op}:slow:{rng.uniform(0.2, 1.5):.2f}" if kind == "slow" else f"{op}:{kind}"
                  for kind, op in chosen.items()]  # fmt: skip
         journal_mark = sim.journal.stat().st_size if sim.journal.exists() else 0
+        round_pid = sim.proc.pid if sim.proc else None
         if not await _set_faults(session, sim, specs):
             await asyncio.sleep(0.2)
             continue
@@ -407,11 +411,20 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
             await _sleep_unless(stop, rng.uniform(1.0, 2.5))
             sim.kill()
             tally.kills["hang" if "hang" in chosen else "wedge"] += 1
+            round_pid = None  # restarted: nothing of this round is left for the end
         if unfired:
             await _set_faults(session, sim, [])
             kinds.extend(unfired)  # try those again next
         await _sleep_unless(stop, rng.uniform(0.2, 1.0))
     await _set_faults(session, sim, [])
+    # The round the end of the chaos phase cut short: a hang or a wedge that fired before its faults were cleared
+    # is cleared only by a restart, and the operator's still comes (seed 207: a finish_weight_update wedged as the
+    # phase ended left every recovery of that pod's session failing, and its engine awake, taking the others' room).
+    if round_pid is not None and sim.proc is not None and sim.proc.pid == round_pid and sim.proc.poll() is None:
+        lethal = {"hang", "wedge"} & _fired_since(sim.journal, journal_mark)
+        if lethal:
+            sim.kill()
+            tally.kills["hang" if "hang" in lethal else "wedge"] += 1
 
 
 async def _set_faults(session: aiohttp.ClientSession, sim: SimSupervisor, specs: list[str]) -> bool:

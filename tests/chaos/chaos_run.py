@@ -574,6 +574,7 @@ def report(
               f"{dict(sorted(waits.items()))}")  # fmt: skip
 
     broken: list[str] = []
+    first_calls: list[str] = []
 
     def check(ok: bool, text: str, detail: list[str] | None = None) -> None:
         print(f"  [{'ok' if ok else 'BROKEN'}] {text}")
@@ -581,6 +582,8 @@ def report(
             broken.append(text)
             for line in (detail or [])[:10]:
                 print(f"           {line}")
+            # Again in the last lines: CI keeps only a log's head and tail, and the broken calls say why.
+            first_calls.extend((detail or [])[:3])
 
     def show(calls: list[Call]) -> list[str]:
         return [f"{c.engine}{' ' if c.engine else ''}{c.kind} {c.query} -> {c.status} {c.outcome} {c.reason or ''} "
@@ -669,7 +672,10 @@ def report(
         summary.update({"pods": args.pods, "wakes": sum(len(w) for w in wakes.values()),
                         "overlapping_wakes": len(overlaps)})  # fmt: skip
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\nchaos: {'PASS' if not broken else 'FAIL: ' + '; '.join(broken)} (logs and summary in {workdir})")
+    verdict = "PASS" if not broken else "FAIL: " + "; ".join(broken)
+    print(f"\nchaos: {verdict} (seed {args.seed}; logs and summary in {workdir})")
+    for line in first_calls:
+        print(f"  broken: {line}")
     return 0 if not broken else 1
 
 
