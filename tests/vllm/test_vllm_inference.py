@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -164,3 +165,34 @@ async def test_concurrent_requests_through_proxy_all_complete(oai: AsyncOpenAI) 
     )
     assert [r.usage.completion_tokens for r in results if r.usage] == [8] * 8
     assert all(r.choices[0].finish_reason == "length" for r in results)
+
+
+def _listen_overflows() -> int:
+    """The kernel's count of connects a full accept queue turned away (TcpExt ListenOverflows), machine-wide."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
+    raise AssertionError("no TcpExt line in /proc/net/netstat")
+
+
+async def test_a_burst_of_512_new_streams_is_all_delivered_and_vllm_turns_no_connect_away(proxy: Any) -> None:
+    """The RL shape (issue 39): a batch of generations fired at once, each streamed. At its defaults the proxy opens
+    as many connections to vLLM at once as the kernel lets vLLM's listen queue hold (proxy/upstream/pool.py,
+    `default_max_connecting`); vLLM's own server takes them all: every stream ends with [DONE], and the kernel's
+    count of connects turned away by a full accept queue does not move."""
+    overflows = _listen_overflows()
+    timeout = aiohttp.ClientTimeout(total=150, sock_connect=30)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as burst:
+
+        async def stream(i: int) -> tuple[int, bytes]:
+            body = {"model": MODEL, "prompt": f"{PROMPT} # {i}", "max_tokens": 2, "temperature": 0, "stream": True}
+            async with burst.post(proxy.url + "/v1/completions", json=body) as r:
+                return r.status, await r.read()
+
+        async with asyncio.timeout(170):
+            answers = await asyncio.gather(*(stream(i) for i in range(512)))
+    done = b"data: [DONE]\n\n"
+    broken = [(status, text[-120:]) for status, text in answers if status != 200 or not text.endswith(done)]
+    assert not broken, f"{len(broken)} of 512 streams not delivered, e.g. {broken[:3]}"
+    assert _listen_overflows() == overflows, "the kernel turned connects away (a listen queue overflowed)"
