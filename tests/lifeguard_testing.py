@@ -132,3 +132,12 @@ def stop_process_group(process: subprocess.Popen[Any], timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(5)
+
+
+def listen_overflows() -> int:
+    """The kernel's count of connects a full accept queue turned away (TcpExt ListenOverflows), machine-wide."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
+    raise AssertionError("no TcpExt line in /proc/net/netstat")

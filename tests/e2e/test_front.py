@@ -7,11 +7,11 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
+from lifeguard_testing import listen_overflows
 
 from proxy.app import Lifeguard
 from proxy.config import Settings
@@ -507,15 +507,6 @@ async def test_a_smuggling_attempt_pipelined_behind_a_held_request_meets_a_parse
     assert (await stack.state())["state"] == "RUNNING"
 
 
-def _listen_overflows() -> int:
-    """The kernel's count of connections a full accept queue turned away (TcpExt ListenOverflows)."""
-    lines = Path("/proc/net/netstat").read_text().splitlines()
-    for names, values in zip(lines[::2], lines[1::2], strict=True):
-        if names.startswith("TcpExt:"):
-            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
-    raise AssertionError("no TcpExt line in /proc/net/netstat")
-
-
 async def test_a_burst_of_connections_larger_than_the_listen_backlog_is_all_answered(aiohttp_server: Any) -> None:
     """64 clients connect in one turn of the loop to a proxy listening with a backlog of 8: the kernel's queue
     overflows (it says so) and the clients retry their connect; every one is answered, nothing is cut."""
@@ -523,12 +514,12 @@ async def test_a_burst_of_connections_larger_than_the_listen_backlog_is_all_answ
     lifeguard = Lifeguard(Settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none"))
     await lifeguard.start("127.0.0.1", 0, backlog=8)
     writers: list[asyncio.StreamWriter] = []
-    overflows = _listen_overflows()
+    overflows = listen_overflows()
     try:
         async with asyncio.timeout(30):  # a connect turned away is sent again after 1 s, then 2 s, ...
             # All 64 connects start in this turn, before the proxy's listener can accept any.
             streams = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", lifeguard.port) for _ in range(64)))
-        assert _listen_overflows() > overflows, "the accept queue never overflowed: the test did not test it"
+        assert listen_overflows() > overflows, "the accept queue never overflowed: the test did not test it"
         writers = [writer for _, writer in streams]
         for writer in writers:  # no await in between: the proxy reads all 64 in its next turn
             writer.write(b"GET /lifeguard/healthz HTTP/1.1\r\nHost: x\r\n\r\n")

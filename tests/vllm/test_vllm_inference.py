@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from lifeguard_testing import listen_overflows
 from openai import AsyncOpenAI
 from vllm_e2e import (
     LONG,
@@ -167,21 +167,12 @@ async def test_concurrent_requests_through_proxy_all_complete(oai: AsyncOpenAI) 
     assert all(r.choices[0].finish_reason == "length" for r in results)
 
 
-def _listen_overflows() -> int:
-    """The kernel's count of connects a full accept queue turned away (TcpExt ListenOverflows), machine-wide."""
-    lines = Path("/proc/net/netstat").read_text().splitlines()
-    for names, values in zip(lines[::2], lines[1::2], strict=True):
-        if names.startswith("TcpExt:"):
-            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
-    raise AssertionError("no TcpExt line in /proc/net/netstat")
-
-
 async def test_a_burst_of_512_new_streams_is_all_delivered_and_vllm_turns_no_connect_away(proxy: Any) -> None:
     """The RL shape (issue 39): a batch of generations fired at once, each streamed. At its defaults the proxy opens
     as many connections to vLLM at once as the kernel lets vLLM's listen queue hold (proxy/upstream/pool.py,
     `default_max_connecting`); vLLM's own server takes them all: every stream ends with [DONE], and the kernel's
     count of connects turned away by a full accept queue does not move."""
-    overflows = _listen_overflows()
+    overflows = listen_overflows()
     timeout = aiohttp.ClientTimeout(total=150, sock_connect=30)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as burst:
 
@@ -195,4 +186,4 @@ async def test_a_burst_of_512_new_streams_is_all_delivered_and_vllm_turns_no_con
     done = b"data: [DONE]\n\n"
     broken = [(status, text[-120:]) for status, text in answers if status != 200 or not text.endswith(done)]
     assert not broken, f"{len(broken)} of 512 streams not delivered, e.g. {broken[:3]}"
-    assert _listen_overflows() == overflows, "the kernel turned connects away (a listen queue overflowed)"
+    assert listen_overflows() == overflows, "the kernel turned connects away (a listen queue overflowed)"
