@@ -145,8 +145,9 @@ class Proxy:
         except OSError:
             return "(no log)"
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Spawn the proxy; return once ``GET /lifeguard/state`` says RUNNING (bounded wait)."""
+    def start(self, timeout: float = 30.0, ready: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """Spawn the proxy; return once ``GET /lifeguard/state`` says RUNNING, or what `ready` waits for (bounded)."""
+        ready = ready or _started
         target = ["--config", str(self.config)] if self.config else ["--upstream", self.upstream]
         cmd = [
             lifeguard_bin(),
@@ -172,13 +173,13 @@ class Proxy:
             try:
                 status, raw = http("GET", self.url + "/lifeguard/state", timeout=2)
                 last = (status, raw[:300])
-                if status == 200 and _started(json.loads(raw)):
+                if status == 200 and ready(json.loads(raw)):
                     break
             except (OSError, ValueError) as e:
                 last = repr(e)
             if time.monotonic() > deadline:
                 self.stop()
-                pytest.fail(f"proxy not RUNNING after {timeout} s (last {last!r}); log tail:\n{self.log_tail()}")
+                pytest.fail(f"proxy not ready after {timeout} s (last {last!r}); log tail:\n{self.log_tail()}")
             time.sleep(0.05)
         self.starts.append(time.monotonic() - t0)
 
