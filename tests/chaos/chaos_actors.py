@@ -409,8 +409,7 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
         unfired, died = await _wait_fired(session, sim, stop, set(chosen), journal_mark, timeout=6.0)
         if not died and {"hang", "wedge"} & (set(chosen) - unfired):
             await _sleep_unless(stop, rng.uniform(1.0, 2.5))
-            sim.kill()
-            tally.kills["hang" if "hang" in chosen else "wedge"] += 1
+            _operator_restart(sim, tally, set(chosen))
             round_pid = None  # restarted: nothing of this round is left for the end
         if unfired:
             await _set_faults(session, sim, [])
@@ -423,8 +422,13 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
     if round_pid is not None and sim.proc is not None and sim.proc.pid == round_pid and sim.proc.poll() is None:
         lethal = {"hang", "wedge"} & _fired_since(sim.journal, journal_mark)
         if lethal:
-            sim.kill()
-            tally.kills["hang" if "hang" in lethal else "wedge"] += 1
+            _operator_restart(sim, tally, lethal)
+
+
+def _operator_restart(sim: SimSupervisor, tally: Tally, kinds: set[str]) -> None:
+    """The liveness probe's restart of a vLLM that a hang or a wedge (among `kinds`) left unusable."""
+    sim.kill()
+    tally.kills["hang" if "hang" in kinds else "wedge"] += 1
 
 
 async def _set_faults(session: aiohttp.ClientSession, sim: SimSupervisor, specs: list[str]) -> bool:
