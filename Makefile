@@ -63,8 +63,8 @@ chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (110 s)
 chaos-pods: setup  ## the bounded chaos run of 3 pods (a proxy each) on one GPU, one gpu_lock_dir, proxy restarts (110 s)
 	bash scripts/chaos.sh --pods 3 --quick $(CHAOS_ARGS)
 
-bench: setup  ## the performance table against nginx, Envoy, vllm-router, and its charts (docs/performance.md)
-	bash scripts/bench.sh
+bench: setup  ## the performance table against nginx, Envoy, vllm-router and a real vLLM-for-CPU, and its charts (docs/performance.md)
+	bash scripts/bench.sh --vllm
 
 docs: setup  ## the reference in docs/reference/ (settings, routes, headers, errors, metrics, config schema), from the code
 	$(BIN)/python scripts/docs/reference.py
