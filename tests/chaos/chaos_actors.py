@@ -408,8 +408,11 @@ class FaultLine:
         """The simulator could not be told (it was down): these are next again."""
         self._line.extend(chosen)
 
-    def tried(self, chosen: dict[str, str], unfired: set[str]) -> None:
-        self.fired |= set(chosen) - unfired
+    def tried(self, chosen: dict[str, str], unfired: set[str]) -> set[str]:
+        """The kinds of `chosen` that fired."""
+        fired = set(chosen) - unfired
+        self.fired |= fired
+        return fired
 
 
 async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, seed: int, tally: Tally,
@@ -433,8 +436,7 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
             continue
         tally.faults_injected.update(chosen.keys())
         unfired, died = await _wait_fired(session, sim, stop, set(chosen), journal_mark, timeout=6.0)
-        line.tried(chosen, unfired)
-        if not died and {"hang", "wedge"} & (set(chosen) - unfired):
+        if not died and {"hang", "wedge"} & line.tried(chosen, unfired):
             await _sleep_unless(stop, rng.uniform(1.0, 2.5))
             _operator_restart(sim, tally, set(chosen))
             round_pid = None  # restarted: nothing of this round is left for the end

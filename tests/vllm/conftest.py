@@ -209,14 +209,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def start_proxy(vllm_server: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Proxy]]:
-    """Factory: ``start_proxy(LIFEGUARD_X="y")`` resets the shared vLLM, then starts a proxy with that env."""
+    """Factory: ``start_proxy(LIFEGUARD_X="y")`` resets the shared vLLM, then starts a proxy with that env.
+    `reset=False` keeps vLLM as the test left it (a restarted proxy); `ready` as `Proxy.start` takes it."""
     started = request.node.stash[PROXIES] = []  # a rerun starts its own
 
-    def _start(**env: str) -> Proxy:
-        reset_vllm(vllm_server)
+    def _start(*, reset: bool = True, ready: Callable[[dict[str, Any]], bool] | None = None, **env: str) -> Proxy:
+        if reset:
+            reset_vllm(vllm_server)
         p = Proxy(port=free_port(), upstream=vllm_server.url, log_path=tmp_path / f"proxy{len(started)}.log", env=env)
         started.append(p)
-        p.start()
+        p.start(ready=ready)
         return p
 
     try:

@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import PROXIES, Proxy, free_port
 from vllm_e2e import assert_proxy_error, lg_state, metrics, post, sleep_ops, vllm_flags, weight_ops
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
@@ -71,7 +70,7 @@ async def test_weight_version_and_info_pass_through(proxy: Any, session: aiohttp
 
 
 async def test_a_proxy_restarted_inside_a_session_on_a_paused_vllm_refuses_sleep_and_resume(
-    start_proxy: Any, vllm_server: Any, session: aiohttp.ClientSession, tmp_path: Path, request: pytest.FixtureRequest
+    start_proxy: Any, vllm_server: Any, session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """vLLM's own flags after `/pause?mode=keep`, read by a proxy restarted with a state file that keeps a weight
     update session (found by `make chaos-pods`, seeds 101 and 102, where the flags were the simulator's): it adopts
@@ -85,18 +84,14 @@ async def test_a_proxy_restarted_inside_a_session_on_a_paused_vllm_refuses_sleep
     assert facts["user_pause"] == "keep", facts
     state_file.write_text(json.dumps({**facts, "weight_update_session": "model", "session_returns_to": "PAUSED"}))
 
-    env = {"LIFEGUARD_STATE_FILE": str(state_file)}
-    restarted = Proxy(port=free_port(), upstream=vllm_server.url, log_path=tmp_path / "proxy-restarted.log", env=env)
-    request.node.stash[PROXIES].append(restarted)
-    try:
-        restarted.start(ready=lambda state: state.get("state") != "STARTING")
-        state = await lg_state(session, restarted.url)
-        assert state["state"] == "UPDATING_WEIGHTS" and state["weight_update_active"] is True, state
-        sleeps = sleep_ops(await metrics(session, vllm_server.url))
-        for path in ("/sleep?level=2", "/resume", "/pause?mode=keep"):
-            status, body, headers = await post(session, restarted.url + path)
-            assert assert_proxy_error(status, body, headers, 409)["reason"] == "weight_update_in_progress", path
-        assert sleep_ops(await metrics(session, vllm_server.url)) == sleeps, "a /sleep reached vLLM"
-        assert (await vllm_flags(session, vllm_server.url))[1] is True, "a /resume reached vLLM"
-    finally:
-        restarted.stop()
+    restarted = start_proxy(
+        LIFEGUARD_STATE_FILE=str(state_file), reset=False, ready=lambda state: state.get("state") != "STARTING"
+    )
+    state = await lg_state(session, restarted.url)
+    assert state["state"] == "UPDATING_WEIGHTS" and state["weight_update_active"] is True, state
+    sleeps = sleep_ops(await metrics(session, vllm_server.url))
+    for path in ("/sleep?level=2", "/resume", "/pause?mode=keep"):
+        status, body, headers = await post(session, restarted.url + path)
+        assert assert_proxy_error(status, body, headers, 409)["reason"] == "weight_update_in_progress", path
+    assert sleep_ops(await metrics(session, vllm_server.url)) == sleeps, "a /sleep reached vLLM"
+    assert (await vllm_flags(session, vllm_server.url))[1] is True, "a /resume reached vLLM"
