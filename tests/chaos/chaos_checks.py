@@ -9,6 +9,7 @@ import bisect
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -342,6 +343,22 @@ def session_cut(calls: list[Call], downtimes: list[tuple[float, float]]) -> bool
         if any(t <= kill for t in opened) and not any(t >= kill for t in closed):
             return True
     return False
+
+
+def only_kept_requests(pending: Counter[str], states: Mapping[str, dict[str, Any] | None]) -> bool:
+    """Whether the clients' requests still open (`pending`: engine -> how many) are all ones a vLLM keeps until a
+    resume or a wake: a trainer's pause or keep-mode sleep that the end of the chaos phase left in place. Then
+    only the recovery ends them, and waiting for them first ran them past their deadline (make chaos-engines,
+    seed 2402: engine a paused 1.5 s before the phase ended, two requests it had admitted just before, 45 s).
+    None may be held by a proxy (a held request still wakes or swaps engines), none on a RUNNING engine (it ends
+    by itself), and each engine must count in flight at least the requests open for it."""
+    if any(state is None or state["held_requests"] for state in states.values()):
+        return False
+    for name, count in pending.items():
+        state = states.get(name)
+        if state is None or state["state"] == "RUNNING" or state["inflight_requests"] < count:
+            return False
+    return True
 
 
 # ----- several engines on one GPU (--engines N)

@@ -71,6 +71,7 @@ from chaos_checks import (
     engine_matches,
     known_violation,
     more_awake_than_fits,
+    only_kept_requests,
     overlapping_wakes,
     read_journal,
     session_cut,
@@ -305,11 +306,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
 
         # 1. Quiet: no lifecycle call, no fault; clients go on. The proxy must come to agree with the engine.
         # With several engines the clients stop first: their traffic for every model swaps engines all along.
+        # Requests a vLLM keeps for a pause or a sleep the trainers left end only with the recovery.
         stop_chaos.set()
         await asyncio.wait_for(asyncio.gather(*chaos), LIFECYCLE_DEADLINE_S + 10)
         if count > 1:
             stop_load.set()
-            await asyncio.wait_for(asyncio.gather(*clients), INFERENCE_DEADLINE_S + 10)
+            await clients_ended_or_kept(session, engines, tally, INFERENCE_DEADLINE_S + 10)
         for e in engines:
             cut = session_cut([c for c in tally.calls if c.engine == e.name], proxies[e.name].downtimes)
             e.settle = await settle_and_compare(session, e.base, e.sim, cut)
@@ -373,6 +375,27 @@ async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
             return await resp.text()
     except (aiohttp.ClientError, TimeoutError):
         return ""
+
+
+async def clients_ended_or_kept(session: aiohttp.ClientSession, engines: list[Guarded], tally: Tally,
+                                timeout: float) -> None:  # fmt: skip
+    """Wait, the load stopped, until no client request is open but those a vLLM keeps (`only_kept_requests`),
+    twice in a row: a request on its way to a proxy when the first look came is counted by the second."""
+
+    async def quiet() -> bool:
+        pending = Counter(c.engine for c in tally.calls if c.kind == "inference" and c.outcome == "pending")
+        if not pending:
+            return True
+        states = {e.name: await proxy_state(session, e.base) for e in engines}
+        return only_kept_requests(pending, states)
+
+    async def twice() -> bool:
+        if not await quiet():
+            return False
+        await asyncio.sleep(0.2)
+        return await quiet()
+
+    await wait_until("the clients' requests ended (or kept by a paused or sleeping vLLM)", twice, timeout)
 
 
 async def settle_and_compare(session: aiohttp.ClientSession, base: str, sim: SimSupervisor,

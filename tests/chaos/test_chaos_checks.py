@@ -16,6 +16,7 @@ from chaos_checks import (
     cut_by_restart,
     engine_matches,
     more_awake_than_fits,
+    only_kept_requests,
     overlapping_wakes,
     read_journal,
     session_cut,
@@ -220,3 +221,26 @@ def test_kinds_not_yet_fired_come_first_and_a_round_the_simulator_missed_comes_a
     line = FaultLine(random.Random(2))
     line.fired = set(FAULT_OPS) - {"slow"}
     assert "slow" in line.next_round()
+
+
+def _proxy(state: str = "RUNNING", held: int = 0, inflight: int = 0) -> dict[str, Any]:
+    return {"state": state, "held_requests": held, "inflight_requests": inflight}
+
+
+def test_requests_a_paused_vllm_keeps_do_not_hold_up_the_settle_and_the_recovery() -> None:
+    """make chaos-engines, seed 2402 (CI): engine a paused 1.5 s before the chaos phase ended, in a weight update
+    session, with two requests it had admitted just before; the run waited for them before the recovery that
+    resumes a, and they ended at their 45 s deadline as hangs."""
+    left = {"a": _proxy("UPDATING_WEIGHTS", inflight=2), "b": _proxy("RUNNING")}
+    assert only_kept_requests(Counter({"a": 2}), left)
+    assert only_kept_requests(Counter({"a": 1}), {**left, "a": _proxy("PAUSED", inflight=1)})
+    assert only_kept_requests(Counter({"b": 1}), {**left, "b": _proxy("SLEEPING", inflight=1)})
+    assert only_kept_requests(Counter(), left)
+
+
+def test_a_request_that_ends_by_itself_or_can_still_swap_engines_is_waited_for() -> None:
+    left = {"a": _proxy("PAUSED", inflight=2), "b": _proxy("RUNNING")}
+    assert not only_kept_requests(Counter({"a": 2, "b": 1}), left)  # b serves its request: it ends
+    assert not only_kept_requests(Counter({"a": 3}), left)  # one not in a yet (on its way, or held)
+    assert not only_kept_requests(Counter({"a": 2}), {**left, "b": _proxy("SLEEPING", held=1)})  # a wake to come
+    assert not only_kept_requests(Counter({"a": 2}), {**left, "b": None})  # a proxy that does not answer
