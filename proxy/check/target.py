@@ -13,7 +13,7 @@ from typing import Any
 
 from ..front.route_table import build_table
 from ..gpu.readers import make_reader
-from .client import Http, Reply
+from .client import CALL_TIMEOUT_S, Http, Reply
 
 #: The vLLM releases the lifeguard models (the simulator's profiles).
 PROFILES = ("0.32", "0.33")
@@ -60,14 +60,14 @@ async def inspect(http: Http, *, gpu_probe: str = "nvml") -> Target:
     state = await _lifeguard_state(http)
     kind = "vllm" if state is None else "lifeguard"
     vllm_version = str(version.body["version"])
-    sleeping = await http.get("/is_sleeping", timeout=READ_TIMEOUT_S)
+    dev_mode = await _dev_mode(http)
     target = Target(
         url=http.base,
         kind=kind,
         vllm_version=vllm_version,
         profile=profile_of(vllm_version),
         model=await _model(http),
-        dev_mode=sleeping.status == 200,
+        dev_mode=dev_mode,
         sleep_mode=await _sleep_mode(http),
         lora_adapters=await adapters(http),
         routes=await _routes(http),
@@ -77,6 +77,21 @@ async def inspect(http: Http, *, gpu_probe: str = "nvml") -> Target:
         await _read_lifeguard(http, state, target)
     target.busy = await busy(http, target.kind)
     return target
+
+
+async def _dev_mode(http: Http) -> bool:
+    """Whether vLLM serves its lifecycle routes: `/is_sleeping` answers, or is not found (404). Anything else (an
+    error, no answer) says nothing about dev mode, and is what stops the check."""
+    # vLLM answers /is_sleeping from its engine core, between two steps: behind a cold vLLM-for-CPU's first forward
+    # pass (the canary a lifeguard records as it starts) it took 3.4 s on a busy 2-core machine, where the other reads
+    # took 5 ms; read with the 10 s of the others, a CI run's check once called that vLLM "not in dev mode".
+    sleeping = await http.get("/is_sleeping", timeout=CALL_TIMEOUT_S)
+    if sleeping.status in (200, 404):
+        return sleeping.status == 200
+    said = f": {sleeping.failure}" if sleeping.status is None else f" answered {sleeping.summary()[:120]}"
+    raise CheckError(
+        f"{http.base} cannot be checked now: GET /is_sleeping{said}; run the check again once the engine answers."
+    )
 
 
 def profile_of(version: str) -> str | None:

@@ -220,6 +220,34 @@ async def test_a_url_that_is_not_vllm_is_exit_2(aiohttp_server: Any, capsys: pyt
     assert "is not a vLLM" in one_sentence(err.replace("<html>nginx</html>", "html"))
 
 
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (500, {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}}),
+        (503, {"error": {"message": "vLLM is not reachable", "type": "ServiceUnavailableError", "code": 503}}),
+    ],
+)
+async def test_an_is_sleeping_that_fails_is_named_not_taken_for_dev_mode_off(
+    aiohttp_server: Any, capsys: pytest.CaptureFixture[str], status: int, body: dict[str, Any]
+) -> None:
+    """CI rehearsal r10: the check read /is_sleeping through a lifeguard while the engine was busy, got no 200, and
+    said vLLM was started without VLLM_SERVER_DEV_MODE=1. Only a 404 means that."""
+    app = web.Application()
+
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})
+
+    async def is_sleeping(_: web.Request) -> web.Response:
+        return web.json_response(body, status=status)
+
+    app.router.add_get("/version", version)
+    app.router.add_get("/is_sleeping", is_sleeping)
+    code, _, err = await run_cli(capsys, url_of(await aiohttp_server(app)), "--lifecycle")
+    assert code == 2
+    assert f"GET /is_sleeping answered {status}" in one_sentence(err) and "run the check again" in err
+    assert "DEV_MODE" not in err
+
+
 async def test_a_lifeguard_without_its_token_explains_the_401(
     make_stack: Callable[..., Awaitable[Stack]], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
