@@ -431,7 +431,9 @@ class EngineRecord:
                 event["cause"] = cause
             self.drift_events.append(event)
             self._metrics.drift()
-            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **event})
+            # `at` is for /lifeguard/state: the log line has its own timestamp, and a text log showed 1.79664e+09.
+            logged = {key: value for key, value in event.items() if key != "at"}
+            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **logged})
 
     def healed(self, obs: Observation) -> None:
         """The check that failed (garbage, memory not back) passes again on an engine that never went away."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from proxy.lifecycle.calls import parse_call
 from proxy.lifecycle.record import EngineRecord, FailureKind
 from proxy.lifecycle.rules import Admission, Refuse, admission, control_refusal, judge, unavailable
 from proxy.lifecycle.states import State
+from proxy.observe.logs import TextFormatter
 from proxy.observe.metrics import Metrics
 from proxy.upstream.elastic_ep import ElasticStatus
 from proxy.upstream.observation import Observation
@@ -130,6 +132,17 @@ def test_a_pause_found_through_a_refusal_is_adopted_as_drift_with_its_cause() ->
     assert (event["before"], event["after"], event["cause"]) == ("RUNNING", "PAUSED", "engine_paused")
     record.reconcile_with(AWAKE)  # a /resume sent to vLLM directly: adopted the same way
     assert record.state is State.RUNNING and record.user_pause is None
+
+
+def test_the_drift_line_says_what_changed_without_a_timestamp_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    """`make run` with `check --lifecycle`: the text log read `drift: ... at=1.79664e+09 before=RUNNING ...`."""
+    record = running_record()
+    with caplog.at_level(logging.WARNING, logger="lifeguard.lifecycle"):
+        record.reconcile_with(PAUSED_BY_VLLM, cause="engine_paused")
+    (line,) = [TextFormatter().format(r) for r in caplog.records if "drift" in r.getMessage()]
+    assert "before=RUNNING after=PAUSED observed=[true,true] cause=engine_paused" in line, line
+    assert " at=" not in line and "e+09" not in line, line
+    assert record.drift_events[0]["at"] > 0  # /lifeguard/state still says when
 
 
 def test_a_refusal_with_vllm_not_paused_changes_nothing() -> None:
