@@ -426,14 +426,12 @@ class EngineRecord:
                 # checkpoint answers otherwise); the golden canary answer can no longer be vouched for.
                 self._on_weights_changed()
             self.adopt(obs, hint=state, memory_freed=memory_freed)
-            event = {"at": time.time(), "before": before, "after": self.state.value, "observed": list(seen)}
+            change: dict[str, Any] = {"before": before, "after": self.state.value, "observed": list(seen)}
             if cause is not None:
-                event["cause"] = cause
-            self.drift_events.append(event)
+                change["cause"] = cause
+            self.drift_events.append({"at": time.time(), **change})  # the log line has a timestamp of its own
             self._metrics.drift()
-            # `at` is for /lifeguard/state: the log line has its own timestamp, and a text log showed 1.79664e+09.
-            logged = {key: value for key, value in event.items() if key != "at"}
-            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **logged})
+            log.warning("drift: vLLM's flags disagree with our state", extra={"event": "drift", **change})
 
     def healed(self, obs: Observation) -> None:
         """The check that failed (garbage, memory not back) passes again on an engine that never went away."""

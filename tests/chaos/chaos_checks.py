@@ -349,7 +349,7 @@ def only_kept_requests(pending: Counter[str], states: Mapping[str, dict[str, Any
     """Whether the clients' requests still open (`pending`: engine -> how many) are all ones a vLLM keeps until a
     resume or a wake: a trainer's pause or keep-mode sleep that the end of the chaos phase left in place. Then
     only the recovery ends them, and waiting for them first ran them past their deadline (make chaos-engines,
-    seed 2402: engine a paused 1.5 s before the phase ended, two requests it had admitted just before, 45 s).
+    seed 2402: engine a paused 3 s before the phase ended, two requests it had admitted just before, 45 s).
     None may be held by a proxy (a held request still wakes or swaps engines), none on a RUNNING engine (it ends
     by itself), and each engine must count in flight at least the requests open for it."""
     if any(state is None or state["held_requests"] for state in states.values()):

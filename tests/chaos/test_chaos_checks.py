@@ -228,7 +228,7 @@ def _proxy(state: str = "RUNNING", held: int = 0, inflight: int = 0) -> dict[str
 
 
 def test_requests_a_paused_vllm_keeps_do_not_hold_up_the_settle_and_the_recovery() -> None:
-    """make chaos-engines, seed 2402 (CI): engine a paused 1.5 s before the chaos phase ended, in a weight update
+    """make chaos-engines, seed 2402 (CI): engine a paused 3 s before the chaos phase ended, in a weight update
     session, with two requests it had admitted just before; the run waited for them before the recovery that
     resumes a, and they ended at their 45 s deadline as hangs."""
     left = {"a": _proxy("UPDATING_WEIGHTS", inflight=2), "b": _proxy("RUNNING")}
