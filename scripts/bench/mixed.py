@@ -21,7 +21,7 @@ from procs import free_port, http, log, wait_until
 from rig import HERE, Rig
 
 MODELS = {"policy": "policy-model", "judge": "judge-model"}
-DEFAULT_QUANTUM_S = 10.0  # proxy/config.py's swap_quantum_s
+DEFAULT_QUANTUM_S = 10.0  # proxy/config/settings.py's swap_quantum_s
 
 
 async def bench_mixed(

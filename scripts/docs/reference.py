@@ -145,7 +145,7 @@ def settings_md() -> str:
         "",
         GENERATED,
         "",
-        "Every setting of `vllm-lifeguard serve`, in the order of proxy/config.py. "
+        "Every setting of `vllm-lifeguard serve`, in the order of proxy/config/settings.py. "
         + one_line(inspect.cleandoc(config.__doc__ or "").split("\n\n")[1]),
         "",
         "* **YAML**: the key in the file given with `--config` (or `LIFEGUARD_CONFIG`); config/lifeguard.yaml has "

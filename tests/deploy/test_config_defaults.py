@@ -47,7 +47,7 @@ def test_the_file_names_exactly_the_settings_fields_in_code_order() -> None:
     unknown = sorted(set(documented) - set(fields))
     assert not missing, f"settings missing from config/lifeguard.yaml: {missing}"
     assert not unknown, f"keys in config/lifeguard.yaml that Settings does not have: {unknown}"
-    assert documented == fields, "keep config/lifeguard.yaml in the order of proxy/config.py"
+    assert documented == fields, "keep config/lifeguard.yaml in the order of proxy/config/settings.py"
 
 
 def test_every_documented_value_equals_the_code_default() -> None:
@@ -57,11 +57,11 @@ def test_every_documented_value_equals_the_code_default() -> None:
         code_default = _plain(field.get_default(call_default_factory=True))
         if _plain(documented.get(name)) != code_default:
             wrong[name] = {"yaml": documented.get(name), "code": code_default}
-    assert not wrong, f"documented defaults differ from proxy/config.py: {wrong}"
+    assert not wrong, f"documented defaults differ from proxy/config/settings.py: {wrong}"
 
 
 def test_the_groups_follow_the_code() -> None:
-    """The `# --- group` headings are the same, in the same order, as in proxy/config.py."""
+    """The `# --- group` headings are the same, in the same order, as in proxy/config/settings.py."""
     heading = re.compile(r"^\s*# ---\s*(.+?)\s*$", re.MULTILINE)
     in_code = heading.findall(inspect.getsource(proxy.config.Settings))
     in_yaml = heading.findall(CONFIG.read_text())
