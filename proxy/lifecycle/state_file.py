@@ -68,6 +68,7 @@ class StateFile:
     def __init__(self, path: str | None) -> None:
         self._path = Path(path) if path else None
         self._saved: PersistedFacts | None = None
+        self._failing = False  # the last write failed: said once, not at every change
 
     @property
     def enabled(self) -> bool:
@@ -108,8 +109,14 @@ class StateFile:
             tmp.write_text(json.dumps(asdict(facts)))
             os.replace(tmp, self._path)
         except OSError as exc:
-            log.error("could not write the state file %s: %r", self._path, exc, extra={"event": "state_file_failed"})
+            if not self._failing:
+                log.error("could not write the state file %s: %s; it is tried again at each change", self._path,
+                          exc.strerror or type(exc).__name__, extra={"event": "state_file_failed"})  # fmt: skip
+            self._failing = True
             return
+        if self._failing:
+            log.warning("the state file %s is written again", self._path, extra={"event": "state_file_written"})
+        self._failing = False
         self._saved = facts
 
 
