@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from aiohttp import web
@@ -208,6 +209,10 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
 
 
 def main(argv: list[str]) -> int:
+    return serve(parse(argv))
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     for spec in args.fault:
@@ -215,15 +220,21 @@ def main(argv: list[str]) -> int:
             parse_fault(spec)
         except FaultSpecError as exc:
             parser.error(str(exc))
+    return args
+
+
+def serve(args: argparse.Namespace, sockets: list[socket.socket] | None = None) -> int:
+    """Run until a signal; on `sockets` (bound) when given, else on `--host` and `--port`."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_sim_app(settings_from(args))
     except MemoryUnavailable as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     web.run_app(
         app,
-        host=args.host,
-        port=args.port,
+        host=None if sockets else args.host,
+        port=None if sockets else args.port,
+        sock=sockets,
         handler_cancellation=True,
         shutdown_timeout=5.0,
         print=lambda line: print(line, file=sys.stderr, flush=True),

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__
 from .config import Settings
+from .config.startup_errors import cannot_listen, state_file_problem
 from .engine import Engine
 from .front.engine_set import EngineSet
 from .front.front import Front
@@ -61,8 +62,27 @@ class Lifeguard:
         return port
 
     async def start(self, host: str, port: int, *, backlog: int = 4096, sock: socket.socket | None = None) -> None:
-        """Build and start the engines, then listen on `host:port` (or on `sock`)."""
+        """Bind `host:port` (or take `sock`), check what the settings need of this machine, build and start the
+        engines, then listen. A `StartupError` says what stopped the start; nothing is left open behind it."""
+        socks = [sock] if sock is not None else _bound(host, port)
+        try:
+            await self._start_engines()
+        except BaseException:
+            for bound in socks:
+                bound.close()
+            raise
+        assert self.front is not None
+        for listening in socks:
+            listening.listen(backlog)
+            self._listeners.append(Listener(listening, self.front.protocol))
+
+    async def _start_engines(self) -> None:
         settings = self.settings
+        for config in self.engine_settings:
+            state_file = settings.for_engine(config).state_file
+            problem = state_file_problem(state_file) if state_file else None
+            if problem is not None:
+                raise problem
         devices = self._gpu or make_reader(settings.gpu_probe, settings.gpu_devices)
         # Several pods on the node share GPUs (gpu_lock_dir): checked first, so a bad setting stops the start.
         gpus = [gpu for engine in self.engine_settings for gpu in engine.gpus]
@@ -111,10 +131,6 @@ class Lifeguard:
         self.front = Front(self.engine_set)
         for engine in engines.values():
             engine.start()
-        socks = [sock] if sock is not None else listening_sockets(host, port)
-        for listening in socks:
-            listening.listen(backlog)
-            self._listeners.append(Listener(listening, self.front.protocol))
 
     async def close(self) -> None:
         """Stop accepting, answer what is held, give what runs `shutdown_grace_s`, then close everything."""
@@ -130,6 +146,13 @@ class Lifeguard:
             await asyncio.gather(*(engine.close() for engine in self.engine_set.engines.values()))
         if self._session is not None:
             await self._session.close()
+
+
+def _bound(host: str, port: int) -> list[socket.socket]:
+    try:
+        return listening_sockets(host, port)
+    except OSError as exc:
+        raise cannot_listen(host, port, exc, port_flag="--port (LIFEGUARD_PORT)") from exc
 
 
 def _edges() -> list[tuple[str, str]]:

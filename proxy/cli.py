@@ -12,17 +12,20 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
 from typing import get_args
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from . import __version__
 from .app import Lifeguard
-from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, load_settings
+from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, SettingsError, StartupError, load_settings
+from .config.sources import CONFIG_VARIABLE
+from .config.startup_errors import NO_UPSTREAM, cannot_listen
+from .front.listener import listening_sockets
 from .observe.logs import configure_logging
 from .sharing.gpu_lock import GpuLockSetupError
 
@@ -57,9 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["sim"]:
-        from lifeguard_sim.cli import main as sim_main
-
-        return sim_main(args_list[1:])
+        return simulator(args_list[1:])
     if args_list[:1] == ["status"]:
         from .observe.status_cli import main as status_main
 
@@ -69,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(args_list[1:])
     args = build_parser().parse_args(args_list)
-    import os
-
     overrides = {
         "upstream": args.upstream,
         "host": args.host,
@@ -81,18 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         "on_sleeping": args.on_sleeping,
         "canary_enabled": False if args.no_canary else None,
     }
+    flag_names = {setting: "--" + flag.replace("_", "-") for flag, setting in FLAG_SETTINGS.items()}
     try:
-        settings = load_settings(args.config or os.environ.get("LIFEGUARD_CONFIG"), **overrides)
-    except (ValidationError, FileNotFoundError) as exc:
-        print(f"vllm-lifeguard: invalid settings:\n{exc}", file=sys.stderr)
-        return 2
-    if settings.upstream is None and not settings.engines:
-        print(
-            "vllm-lifeguard: no upstream to guard: set --upstream http://HOST:PORT (env LIFEGUARD_UPSTREAM, or "
-            f"upstream: in --config), --upstream {SIMULATOR} for the embedded simulator, or engines: in --config",
-            file=sys.stderr,
+        settings = load_settings(
+            args.config or os.environ.get(CONFIG_VARIABLE),
+            config_named_by="--config" if args.config else CONFIG_VARIABLE,
+            flag_names=flag_names,
+            **overrides,
         )
-        return 2
+        if settings.upstream is None and not settings.engines:
+            raise SettingsError(NO_UPSTREAM)
+    except StartupError as exc:
+        return said(exc, "vllm-lifeguard")
     configure_logging(settings.log_level, settings.log_format)
     # transitions logs every callback at INFO; aiohttp's access log doubles every line we log ourselves.
     logging.getLogger("transitions").setLevel(logging.WARNING)
@@ -101,10 +100,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings))
-    except (OSError, GpuLockSetupError) as exc:
-        log.error("cannot start: %s", exc)
+    except (StartupError, GpuLockSetupError, OSError) as exc:
+        log.debug("the start failed here", exc_info=exc)
+        log.error(
+            "%s", exc if isinstance(exc, StartupError) else f"cannot start: {exc}", extra={"event": "cannot_start"}
+        )
         return 1
     return 0
+
+
+def said(error: StartupError, prog: str) -> int:
+    """`error` on stderr as the command's own words, before any logging is set up; its exit status."""
+    first, *rest = error.lines
+    print(f"{prog}: {first}", *rest, sep="\n", file=sys.stderr)
+    return error.status
+
+
+def simulator(argv: list[str]) -> int:
+    """`vllm-lifeguard sim`: its socket bound here, so a port in use reads as `serve`'s does."""
+    from lifeguard_sim import cli as sim_cli
+
+    args = sim_cli.parse(argv)
+    try:
+        sockets = listening_sockets(args.host, args.port)
+    except OSError as exc:
+        return said(cannot_listen(args.host, args.port, exc), "vllm-lifeguard sim")
+    return sim_cli.serve(args, sockets)
 
 
 async def serve(settings: Settings) -> None:
@@ -120,6 +141,15 @@ async def serve(settings: Settings) -> None:
         settings = settings.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
         log.warning("guarding the embedded vLLM simulator at %s, not a vLLM (--upstream sim)", settings.upstream)
     lifeguard = Lifeguard(settings)
+    try:
+        await _serve(settings, lifeguard)
+    finally:
+        await lifeguard.close()
+        if sim_runner is not None:
+            await sim_runner.cleanup()
+
+
+async def _serve(settings: Settings, lifeguard: Lifeguard) -> None:
     await lifeguard.start(settings.host, settings.port)
     # What start-up made lives as long as the process: kept out of the collector's full passes, which scanned it
     # all each time (~35k objects, ~50 ms a pass during a burst of new streams; docs/performance.md).
@@ -142,9 +172,6 @@ async def serve(settings: Settings) -> None:
         )
     await _until_signalled()
     log.info("shutting down", extra={"event": "shutdown"})
-    await lifeguard.close()
-    if sim_runner is not None:
-        await sim_runner.cleanup()
 
 
 def loopback_only(host: str) -> bool:

@@ -1,6 +1,8 @@
 """Settings: what the proxy is told, built once at start-up and passed in, never reached for.
 
-Owns: the frozen, validated `Settings` (settings.py). Owns no behaviour of the proxy's own.
+Owns: the frozen, validated `Settings` (settings.py), building them from the flags, the `LIFEGUARD_*` variables and
+the YAML file with where each value came from (sources.py), and the one wording of start-up errors
+(startup_errors.py). Owns no behaviour of the proxy's own.
 May import: nothing of the proxy.
 """
 
@@ -14,8 +16,9 @@ from .settings import (
     OnSleeping,
     RouteClass,
     Settings,
-    load_settings,
 )
+from .sources import load_settings
+from .startup_errors import SettingsError, StartupError
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -27,5 +30,7 @@ __all__ = [
     "OnSleeping",
     "RouteClass",
     "Settings",
+    "SettingsError",
+    "StartupError",
     "load_settings",
 ]

@@ -7,17 +7,17 @@ file named by `--config` (or `LIFEGUARD_CONFIG`), then the defaults below, which
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 OnSleeping = Literal["hold", "reject", "wake"]
@@ -79,7 +79,7 @@ class EngineSettings(BaseModel):
     def _engine_upstream_is_http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(
-                f"must start with http:// or https:// (got {value!r}; {SIMULATOR!r} is single-engine only)"
+                f"must start with http:// or https:// (got {url_shown(value)!r}; {SIMULATOR!r} is single-engine only)"
             )
         return value.rstrip("/")
 
@@ -453,7 +453,7 @@ class Settings(BaseSettings):
         if value == SIMULATOR:
             return value
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, or be {SIMULATOR!r} (got {value!r})")
+            raise ValueError(f"must start with http:// or https://, or be {SIMULATOR!r} (got {url_shown(value)!r})")
         return value.rstrip("/")
 
     def body_limit(self, lifecycle_op: str | None = None) -> int:
@@ -465,13 +465,7 @@ class Settings(BaseSettings):
     @property
     def upstream_shown(self) -> str | None:
         """The upstream URL as it may appear in logs and /lifeguard/state: without a password."""
-        if self.upstream is None:
-            return None
-        parts = urlsplit(self.upstream)
-        if parts.password is None:
-            return self.upstream
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
+        return None if self.upstream is None else url_shown(self.upstream)
 
     @field_validator("routes")
     @classmethod
@@ -505,11 +499,15 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @model_validator(mode="after")
-    def _admin_token_not_empty(self) -> Settings:
-        if self.admin_token is not None and not self.admin_token.get_secret_value():
-            raise ValueError("admin_token is set but empty")
-        return self
+    @field_validator("admin_token", "upstream_api_key")
+    @classmethod
+    def _secret_not_empty(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        # An empty token reads as set while it guards nothing; an empty key is sent to vLLM as one.
+        if value is not None and not value.get_secret_value().strip():
+            if info.field_name == "admin_token":
+                raise ValueError("is set but empty: set a token, or unset it to leave the admin routes open")
+            raise ValueError("is set but empty: set vLLM's --api-key, or unset it when vLLM has none")
+        return value
 
     @model_validator(mode="after")
     def _gpu_lock_names_its_gpus(self) -> Settings:
@@ -567,9 +565,9 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        yaml_file = _yaml_file_in_context()
-        if yaml_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        file_values = FILE_VALUES.get()
+        if file_values is not None:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=dict(file_values)))
         return tuple(sources)
 
 
@@ -578,24 +576,20 @@ def _is_uuid(device: str) -> bool:
     return not device.isdigit()
 
 
-_yaml_path: list[Path] = []
+def url_shown(url: str) -> str:
+    """`url` as it may appear in an error, a log line or /lifeguard/state: a password in it as `***`, whether or not
+    the rest is a URL (`user:pw@host:8000` without a scheme too)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}{slash}{path}"
 
 
-def _yaml_file_in_context() -> Path | None:
-    return _yaml_path[-1] if _yaml_path else None
-
-
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build Settings from flags (`overrides`), env, and an optional YAML file; raises on bad values."""
-    clean = {key: value for key, value in overrides.items() if value is not None}
-    if config_file is None:
-        return Settings(**clean)
-    path = Path(config_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    # pydantic-settings builds sources inside the class; a short-lived stack passes the path in.
-    _yaml_path.append(path)
-    try:
-        return Settings(**clean)
-    finally:
-        _yaml_path.pop()
+#: The values read from the YAML file of the `Settings` being built (proxy/config/sources.py sets it around the
+#: construction): pydantic-settings builds its sources inside the class.
+FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("FILE_VALUES", default=None)
