@@ -9,6 +9,7 @@ reason, so the set is closed: `REASONS` lists it.
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -385,6 +386,8 @@ class UpstreamError(LifeguardError):
 
     reason = "upstream_error"
     advice = "Check vLLM's logs; retry."
+    #: How vLLM could not be reached, in words (refused, DNS, TLS, no answer in time); None when it answered.
+    why: str | None = None
 
 
 class UpstreamUnreachable(UpstreamError):
@@ -469,9 +472,14 @@ REASONS: frozenset[str] = frozenset(_reasons(LifeguardError))
 
 def transport_failure(exc: BaseException, address: str) -> str:
     """What went wrong talking to vLLM at `address` (host:port), as a person would say it, never a library's repr:
-    `connection refused by 127.0.0.1:8000`."""
+    `connection refused by 127.0.0.1:8000`. Refused, DNS, TLS and timeouts read apart: each has its own fix."""
     if isinstance(exc, aiohttp.ClientConnectorError):
         address, exc = f"{exc.host}:{exc.port}", exc.os_error
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the TLS certificate of {address} was not accepted ({exc.verify_message or exc.reason})"
+    if isinstance(exc, ssl.SSLError):
+        plain = "; it answers plain HTTP: use http://" if exc.reason == "WRONG_VERSION_NUMBER" else ""
+        return f"the TLS handshake with {address} failed ({exc.reason or exc.strerror}){plain}"
     if isinstance(exc, ConnectionRefusedError):
         return f"connection refused by {address}"
     if isinstance(exc, ConnectionResetError):
@@ -479,7 +487,9 @@ def transport_failure(exc: BaseException, address: str) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return f"{address} closed the connection before answering"
     if isinstance(exc, socket.gaierror):
-        return f"the host of {address} could not be resolved ({exc.strerror})"
+        return f"the host of {address} could not be resolved (DNS: {exc.strerror})"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {address} in time"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror[:1].lower()}{exc.strerror[1:]} ({address})"
     if isinstance(exc, aiohttp.ClientPayloadError):

@@ -11,6 +11,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import yarl
+
+from ..errors import transport_failure
 
 #: The header the lifeguard reads its admin token from.
 TOKEN_HEADER = "X-Lifeguard-Token"
@@ -67,6 +70,7 @@ class Http:
     ) -> None:
         self.session = session
         self.base = base_url.rstrip("/")
+        self.address = yarl.URL(self.base).host_port_subcomponent or self.base  # for errors a person reads
         self.token = token
         self.timeout = timeout  # the deadline of a call that does not name its own
 
@@ -102,11 +106,11 @@ class Http:
                     return Reply(method, shown, resp.status, _json(text), text, dict(resp.headers), _since(started))
         except TimeoutError:
             return Reply(method, shown, None, seconds=_since(started), failure=f"no answer within {timeout:g} s")
-        except aiohttp.ClientConnectorError as exc:
-            return Reply(method, shown, None, seconds=_since(started), failure=f"connection refused ({exc.os_error})")
+        except aiohttp.ClientConnectorError as exc:  # refused, DNS, TLS: each reads apart
+            return Reply(method, shown, None, seconds=_since(started), failure=transport_failure(exc, self.address))
         except (aiohttp.ClientError, OSError) as exc:
-            reason = type(exc).__name__ if not str(exc) else str(exc)
-            return Reply(method, shown, None, seconds=_since(started), failure=f"connection lost: {reason}")
+            lost = f"connection lost: {transport_failure(exc, self.address)}"
+            return Reply(method, shown, None, seconds=_since(started), failure=lost)
 
     async def get(self, path: str, *, timeout: float | None = None, token: bool = True) -> Reply:
         return await self.call("GET", path, timeout=timeout, token=token)
