@@ -112,7 +112,10 @@ async def _readyz(engine_set: EngineSet, engine: Engine | None, request: ParsedR
     ready = any(value not in (State.FAILED.value, State.STARTING.value, "closed") for value in states.values())
     body: dict[str, Any] = {"ready": ready, "engines": states}
     if len(engines) == 1:
-        body["state"] = engines[0].coordinator.state.value
+        view = engines[0].coordinator.record.view()
+        body["state"] = view.state.value
+        if not ready and view.reason is not None:  # FAILED's cause, or vLLM not reached yet: as the log says it
+            body["reason"] = view.reason
     return json_answer(body, 200 if ready else 503)
 
 

@@ -96,6 +96,7 @@ class LifecycleCoordinator:
             on_weights_discarded=lambda: self.end_forwarded_requests(
                 "the engine discarded its weights (a level-2 sleep, or a /weight_checker reset) before this request ran"
             ),
+            upstream=settings.upstream_shown or "vLLM",
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums)

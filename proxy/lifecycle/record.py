@@ -20,6 +20,7 @@ from ..observe.metrics import EngineMetrics
 from ..upstream.elastic_ep import ElasticStatus, ElasticVerdict
 from ..upstream.observation import Observation
 from .prefix_cache import Partition
+from .reachability import Reachability
 from .rules import WEIGHTLESS, EngineView, FailureKind, SessionTarget, Staleness, asleep_tags_for
 from .state_file import PersistedFacts
 from .states import Lifecycle, State
@@ -48,10 +49,12 @@ class EngineRecord:
         on_view_change: Callable[[], None],
         on_weights_changed: Callable[[], None] = lambda: None,
         on_weights_discarded: Callable[[], None] = lambda: None,
+        upstream: str = "vLLM",
     ) -> None:
         """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
         initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply.
-        `on_weights_discarded`: vLLM holds no valid weights (a level-2 sleep): what it queued must not run."""
+        `on_weights_discarded`: vLLM holds no valid weights (a level-2 sleep): what it queued must not run.
+        `upstream`: vLLM's base URL as it may be shown."""
         self._metrics = metrics
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
@@ -83,6 +86,7 @@ class EngineRecord:
         self.prefix_partition: Partition | None = None
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
+        self.reachability = Reachability(upstream)
         self.lifecycle = Lifecycle(self._on_state_change)
 
     @property
@@ -94,6 +98,8 @@ class EngineRecord:
         reason = None
         if state is State.FAILED and self.last_error is not None:
             reason = str(self.last_error["message"])
+        elif state is State.STARTING:
+            reason = self.reachability.sentence
         elif state is State.SCALING and self.elastic is not None:
             reason = self.elastic.describe()
         failure = self.failure_kind if state is State.FAILED else None
@@ -385,17 +391,19 @@ class EngineRecord:
             self._adopt_elastic(obs.elastic)
             return
         state = self.state
+        self.reachability.observed(obs)
         if state is State.SCALING:
             self._elastic_ended()
             # The scale is over: what vLLM is now is what its flags say (a scale does not change the weights).
             self.adopt(obs, hint=State.RUNNING, memory_freed=memory_freed)
             return
         if not obs.reachable or not obs.healthy:
+            said = self.reachability.sentence or obs.error
             if state is State.STARTING:
                 # A sidecar starts before vLLM has loaded its model: not a failure, requests are held.
-                self.error("engine_starting", obs.error or "/health is not 200 yet")
+                self.error("engine_starting", said or "/health is not 200 yet")
             elif state is not State.FAILED:
-                self.set_failed(FailureKind.UNREACHABLE, obs.error or "/health is not 200")
+                self.set_failed(FailureKind.UNREACHABLE, said or "/health is not 200")
             else:
                 self.failure_kind = FailureKind.UNREACHABLE
             return
@@ -502,6 +510,7 @@ class EngineRecord:
             "prefix_cache": _prefix_view(self.prefix_partition),
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
+            "upstream_unreachable": self.reachability.snapshot(),
             "recent_errors": [dict(e) for e in self.errors],
             "failure": self.failure_kind if self.state is State.FAILED else None,
             "elastic_ep": self.elastic.as_dict() if self.elastic is not None else None,

@@ -90,7 +90,8 @@ class EngineView:
     # The asleep tags were put to sleep by a worker RPC (skyrl_sleep_for_weight_sync, proxy/lifecycle/worker_rpcs.py)
     # behind vLLM's executor: vLLM's /sleep, /wake_up and /resume know nothing of it.
     asleep_outside_vllm: bool = False
-    # FAILED or SCALING: why, for the refusals (the record's last error message).
+    # FAILED or SCALING: why, for the refusals (the record's last error message); STARTING: that vLLM cannot be
+    # reached, and how (lifecycle/reachability.py).
     failure: FailureKind | None = None
     reason: str | None = None
 
@@ -400,4 +401,6 @@ def serving_refusal(
         why = "vLLM restarted and holds its initial checkpoint; inference is held until a weight update or reload"
         return NotServing(why, state=state.value, cause="weights_stale")
     cause, why = _NOT_SERVING_IN[state]
+    if state is State.STARTING and view.reason is not None:  # vLLM cannot be reached: the reconcile log's sentence
+        why = f"{view.reason}; inference is held until it answers"
     return NotServing(why, state=state.value, cause=cause)

@@ -50,7 +50,8 @@ class VllmClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, control_timeout_s: float) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
-        self._address = yarl.URL(self.base_url).authority  # host:port, for errors a person reads
+        # host:port, for errors a person reads (never the URL's password: they reach logs and /lifeguard/state)
+        self._address = yarl.URL(self.base_url).host_port_subcomponent or "vLLM"
         self._control_timeout_s = control_timeout_s
 
     async def call(
@@ -79,10 +80,14 @@ class VllmClient:
                     payload = await resp.read()
                     return Reply(resp.status, payload, resp.headers.get("Content-Type"))
         except TimeoutError:
-            raise UpstreamTimeout(f"vLLM did not answer {method} {path} within {timeout:g} s") from None
+            late = UpstreamTimeout(f"vLLM did not answer {method} {path} within {timeout:g} s")
+            late.why = f"no answer to {method} {path} within {timeout:g} s"
+            raise late from None
         except (aiohttp.ClientError, OSError) as exc:
             why = transport_failure(exc, self._address)
-            raise UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {why}") from exc
+            lost = UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {why}")
+            lost.why = why
+            raise lost from exc
 
     async def lifecycle(self, method: str, path: str, **kwargs: Any) -> Reply:
         """A lifecycle call that must succeed: a non-2xx answer becomes UpstreamBadStatus."""
@@ -130,9 +135,9 @@ class VllmClient:
             sleeping = _flag(flags[0], "/is_sleeping", "is_sleeping")
             paused = _flag(flags[1], "/is_paused", "is_paused")
         except UpstreamTimeout as exc:
-            return Observation(reachable=False, timed_out=True, error=exc.message)
+            return Observation(reachable=False, timed_out=True, error=exc.message, why=exc.why)
         except UpstreamUnreachable as exc:
-            return Observation(reachable=False, error=exc.message)
+            return Observation(reachable=False, error=exc.message, why=exc.why)
         except UpstreamBadStatus as exc:
             return Observation(reachable=True, healthy=False, error=exc.message)
         awake, level = None, None

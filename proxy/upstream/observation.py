@@ -42,6 +42,8 @@ class Observation:
     sleeping: bool | None = None
     paused: bool | None = None
     error: str | None = None
+    # Why it could not be reached, in words (refused, DNS, TLS, no answer in time), without the call that failed.
+    why: str | None = None
     # From vllm:engine_sleep_state: the sleep level vLLM last recorded, 0 for awake... or None when
     # unknown. It tells a sleep from a mere pause, which the two flags cannot (both are true in both).
     metric_level: int | None = None
