@@ -244,6 +244,7 @@ class LifecycleCoordinator:
         outcome = "ok"
         upstream_status: int | None = None
         verification: str | None = None
+        lie: VerificationFailed | None = None
         try:
             result = await work
             outcome = result.label
@@ -253,17 +254,19 @@ class LifecycleCoordinator:
             outcome = _outcome_of(exc)
             upstream_status = getattr(exc, "upstream_status", None)
             if isinstance(exc, VerificationFailed):
-                verification = exc.verification
+                verification, lie = exc.verification, exc
             if isinstance(exc, (UpstreamError, VerificationFailed)):
                 self.record.error(exc.reason, exc.message)
             raise
         finally:
             seconds = time.monotonic() - started
             self._metrics.operation_finished(call.op, outcome, seconds)
-            log.info(
+            # A caught "200 lie" is what an operator must see among the successes: a WARNING naming its check.
+            log.log(
+                logging.WARNING if lie else logging.INFO,
                 "lifecycle %s: %s",
                 call.op,
-                outcome,
+                f'a "200 lie" caught by the {lie.check} check: {lie.message}' if lie else outcome,
                 extra={
                     "event": "lifecycle_op",
                     "operation": call.op,
@@ -274,6 +277,7 @@ class LifecycleCoordinator:
                     "outcome": outcome,
                     "upstream_status": upstream_status,
                     "verification": verification,
+                    "lie_check": lie.check if lie else None,
                 },
             )
 
