@@ -23,6 +23,7 @@ from aiohttp import web
 from . import __version__
 from .app import Lifeguard
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, SettingsError, StartupError, load_settings
+from .config.settings import url_shown
 from .config.sources import CONFIG_VARIABLE
 from .config.startup_errors import NO_UPSTREAM, cannot_listen
 from .front.listener import listening_sockets
@@ -159,7 +160,7 @@ async def _serve(settings: Settings, lifeguard: Lifeguard) -> None:
         __version__,
         settings.host,
         lifeguard.port,
-        settings.upstream_shown or ", ".join(f"{e.name} at {e.upstream}" for e in settings.engines),
+        settings.upstream_shown or ", ".join(f"{e.name} at {url_shown(e.upstream)}" for e in settings.engines),
         type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
     if settings.admin_token is None and not loopback_only(settings.host):
