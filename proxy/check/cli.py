@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..observe.status_cli import client_admin_token
 from .html import to_html
-from .matrix import ROWS
+from .matrix import ROWS, select
 from .report import document, to_json, to_markdown, to_terminal
 from .run import Options, check
 from .target import CheckError
@@ -64,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{url!r} is not an http:// or https:// URL")
     if not (args.url or args.direct or args.through):
         parser.error("give a URL to check (vLLM or a lifeguard), or --direct URL and --through URL")
+    if args.rows:  # checked before anything is read, --lifecycle or not: one sentence, exit 2
+        try:
+            select(args.rows)
+        except ValueError as exc:
+            return _unchecked(str(exc))
+        if not args.lifecycle:
+            return _unchecked(
+                "--row picks rows of the lifecycle matrix: add --lifecycle (it sleeps and wakes the engine)"
+            )
     lora = []
     for spec in args.lora:
         name, equals, path = spec.partition("=")
@@ -88,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = asyncio.run(check(options))
     except (CheckError, ValueError) as exc:
-        print(f"vllm-lifeguard check: {exc}", file=sys.stderr)
-        return EXIT_UNCHECKED
+        return _unchecked(str(exc))
     except KeyboardInterrupt:
         print("vllm-lifeguard check: interrupted; the engine may be left asleep or paused", file=sys.stderr)
         return 130
@@ -107,3 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vllm-lifeguard check: cannot write {args.html}: {exc.strerror}", file=sys.stderr)
             return EXIT_UNCHECKED
     return report.exit_code
+
+
+def _unchecked(why: str) -> int:
+    print(f"vllm-lifeguard check: {why}", file=sys.stderr)
+    return EXIT_UNCHECKED

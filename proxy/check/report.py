@@ -82,13 +82,28 @@ def to_terminal(doc: dict[str, Any], *, colour: bool) -> str:
             marks = "".join(f"{mark(cells[name]['verdict']):<{_pad(colour, 10)}}" for name in columns if name in cells)
             shown = cells.get(doc["judged_column"]) or next(iter(cells.values()))
             lines.append(f"  {row['id']:<34}{marks}{shown['why']}")
-    summary = doc["summary"]
-    counts = "; ".join(
-        f"{COLUMN_TITLES[name]}: " + ", ".join(f"{n} {verdict}" for verdict, n in summary[name].items())
-        for name in doc["columns"]
-    )
-    lines += ["", f"{counts or 'read-only'} · {doc['seconds']} s · exit {summary['exit_code']}"]
+    lines += ["", f"{_counts(doc)} · {doc['seconds']} s · exit {doc['summary']['exit_code']}"]
     return "\n".join(lines) + "\n"
+
+
+def _counts(doc: dict[str, Any]) -> str:
+    """Each column's verdicts: its rows' with --lifecycle, else its findings' (a read-only check runs no row)."""
+    said = "" if doc["mode"] == "lifecycle" else " (read-only findings; --lifecycle runs the matrix)"
+    per_column = {name: doc["summary"][name] for name in doc["columns"]}
+    if doc["mode"] != "lifecycle":
+        verdicts = ("green", "red", "info")
+        found = doc["deployment"]
+        per_column = {
+            name: {v: sum(f["column"] == name and f["verdict"] == v for f in found) for v in verdicts}
+            for name in doc["columns"]
+        }
+    return (
+        "; ".join(
+            f"{COLUMN_TITLES[name]}: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
+            for name, counts in per_column.items()
+        )
+        + said
+    )
 
 
 def _pad(colour: bool, width: int) -> int:
@@ -126,17 +141,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         for row in doc["rows"]:
             cells = " | ".join(_md_cell(row["cells"].get(name)) for name in columns)
             out.append(f"| `{row['id']}` | {_md(row['hazard'])} | {_md(row['reference'])} | {cells} |")
-    summary = doc["summary"]
-    out += [
-        "",
-        "Summary: "
-        + "; ".join(
-            f"{COLUMN_TITLES[name]}: " + ", ".join(f"{n} {verdict}" for verdict, n in summary[name].items())
-            for name in columns
-        )
-        + f"; exit code {summary['exit_code']}.",
-        "",
-    ]
+    out += ["", f"Summary: {_counts(doc)}; exit code {doc['summary']['exit_code']}.", ""]
     return "\n".join(out)
 
 
