@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -82,3 +84,43 @@ def test_without_pynvml_the_reporter_exits_without_a_file(
     path = tmp_path / "gpu.json"
     assert reporter.main([str(path), "--once"]) == 1
     assert not path.exists()
+
+
+#: A stand-in `pynvml` module for the reporter run as a process: one GPU, 10 GiB of 80 in use.
+FAKE_PYNVML = """
+from types import SimpleNamespace
+class NVMLError(Exception):
+    pass
+def nvmlInit(): pass
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(index): return index
+def nvmlDeviceGetUUID(handle): return b"GPU-0000"
+def nvmlDeviceGetMemoryInfo(handle, version=None): return SimpleNamespace(used=10 << 30, total=80 << 30)
+"""
+
+
+def run_reporter(tmp_path: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    """The script as the README runs it (`python3 gpu-reporter.py PATH`), once, with the stand-in NVML."""
+    (tmp_path / "nvml").mkdir(exist_ok=True)
+    (tmp_path / "nvml" / "pynvml.py").write_text(FAKE_PYNVML)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "nvml")}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_off_kubernetes_the_reporter_makes_its_directory(tmp_path: Path) -> None:
+    """Was: `FileNotFoundError` and a traceback where no emptyDir made /run/lifeguard (the README's line on a host)."""
+    path = tmp_path / "run" / "lifeguard" / "gpu.json"
+    done = run_reporter(tmp_path, path)
+    assert done.returncode == 0, done.stderr
+    assert (await FileReader(path).read()).used_bytes == 10 * GIB
+
+
+def test_a_directory_it_cannot_make_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = run_reporter(tmp_path, tmp_path / "a-file" / "lifeguard" / "gpu.json")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"gpu-reporter: cannot create {tmp_path / 'a-file' / 'lifeguard'} ("), done.stderr
+    assert "--gpu-probe file:PATH" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1

@@ -61,6 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2)
     parser.add_argument("--once", action="store_true")
     args = parser.parse_args(argv)
+    # On Kubernetes the emptyDir is the directory; anywhere else (the README's line on a plain host) it may not exist.
+    directory = os.path.dirname(os.path.abspath(args.path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        print(
+            f"gpu-reporter: cannot create {directory} ({error.strerror}): give a path in a directory this user can "
+            f"write, and the same path to the proxy as --gpu-probe file:PATH",
+            file=sys.stderr,
+        )
+        return 2
     remove(args.path)  # never leave a previous run's numbers behind
     try:
         import pynvml as nvml
@@ -76,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                 initialised = True
             write_atomically(args.path, snapshot(nvml))
             last_error = None
+        except OSError as error:  # the directory went away, or the disk is full: said once, retried
+            if str(error) != last_error:
+                print(f"gpu-reporter: cannot write {args.path} ({error.strerror}); retrying every 5 s", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                last_error = str(error)
+            if args.once:
+                return 1
+            time.sleep(5)
+            continue
         except nvml.NVMLError as error:
             remove(args.path)
             if str(error) != last_error:  # once per distinct error, not every retry
