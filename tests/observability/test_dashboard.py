@@ -114,3 +114,16 @@ def test_the_state_timeline_names_every_state_of_the_machine_in_order() -> None:
     options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
     named = [options[code]["text"] for code in sorted(options, key=int)]
     assert named == [s.value for s in State]
+
+
+def test_the_docs_give_the_timeline_codes_the_dashboard_uses() -> None:
+    """Was: docs/observability.md said 10 = FAILED where the dashboard maps FAILED to 11 (SCALING took 10)."""
+    panel = next(p for p in panels() if "(lifeguard_state)" in p.get("description", ""))
+    codes = {
+        option["text"]: code for code, option in panel["fieldConfig"]["defaults"]["mappings"][0]["options"].items()
+    }
+    said = re.search(
+        r"\(1 = STARTING … (\d+) = FAILED\)", (GRAFANA.parents[1] / "docs" / "observability.md").read_text()
+    )
+    assert said is not None, "docs/observability.md no longer says which number is FAILED"
+    assert (codes["STARTING"], said[1]) == ("1", codes["FAILED"])
