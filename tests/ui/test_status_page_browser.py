@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
+from e2e.test_cli import BIN, free_port, wait_running
 
 from .chromium import Page, chromium
 
@@ -124,6 +127,46 @@ async def test_the_page_follows_a_sleep_and_a_wake(
         assert await page.evaluate("document.querySelector('[data-gpu] [data-segment=\"default\"]') !== null")
         await page.screenshot(artifacts / "status-page-one-engine.png")
         assert page.problems == []
+
+
+async def test_make_run_shows_one_engine_as_the_readme_does(tmp_path: Path, artifacts: Path) -> None:
+    """`make run` (`vllm-lifeguard serve --upstream sim`, a process) after the README's sleep, held request and wake:
+    one engine, RUNNING, verified, its GPU line unread here. Its screenshot is the README's (docs/status-page.png);
+    was: the README showed three engines mid-swap, which `make run` never shows."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "LIFEGUARD_PORT": str(port)}
+    with (tmp_path / "serve.log").open("wb") as log:
+        serve = await asyncio.create_subprocess_exec(str(BIN), "serve", "--upstream", "sim", stdout=log, stderr=log,
+                                                     env=env)  # fmt: skip
+    try:
+        await wait_running(base, serve)
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with (
+            aiohttp.ClientSession(base, timeout=timeout) as client,
+            chromium(tmp_path / "profile", artifacts / "chromium-make-run.log") as page,
+        ):
+            await page.navigate(base + "/lifeguard/ui")
+            await page.wait_for(f"{state_text('default')} === 'RUNNING'", "the engine RUNNING")
+            assert (await client.post("/sleep", params={"level": "1"})).status == 200
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
+            held = asyncio.ensure_future(client.post("/v1/completions", json=body))
+            await page.wait_for(f"{held_count('default')} === '1'", "one held request")
+            # Asleep for a few of the page's own refreshes, so that the timeline shows the sleep it drew.
+            await page.wait_for(f"Number(document.body.dataset.refreshes) >= {await refreshes(page) + 3}", "refreshes")
+            assert (await client.post("/wake_up")).status == 200
+            assert (await asyncio.wait_for(held, 15)).status == 200
+            await page.wait_for(f"(t => t.at(-1) === 'WAKING>RUNNING' && t)({transitions('default')})", "the wake")
+            await page.wait_for(f"{held_count('default')} === '0'", "the held request released")
+            engines = "new Set([...document.querySelectorAll('[data-engine]')].map(e => e.dataset.engine)).size"
+            assert await page.evaluate(engines) == 1
+            verified = "document.querySelector('[data-engine=\"default\"] .verify').dataset.verification"
+            assert await page.evaluate(verified) == "passed"
+            await page.screenshot(artifacts / "status-page-make-run.png")
+            assert page.problems == []
+    finally:
+        serve.terminate()
+        await asyncio.wait_for(serve.wait(), 20)
 
 
 async def test_several_engines_show_lanes_the_gpu_lock_and_the_swap_queue(
