@@ -2,7 +2,7 @@
 `LIFEGUARD_*` environment variables, the YAML file (`--config` or `LIFEGUARD_CONFIG`), strongest first.
 
 Every problem with them is one `SettingsError` (proxy/config/startup_errors.py words it), all of them at once. A
-`LIFEGUARD_` variable that is no setting is refused as an unknown YAML key is, except the few this module names
+`LIFEGUARD_` variable that is no setting is refused as an unknown YAML key is, except the few named below
 (docs/reference/settings.md, "Environment variables").
 """
 
@@ -32,13 +32,13 @@ from .startup_errors import (
 
 PREFIX = "LIFEGUARD_"
 CONFIG_VARIABLE = "LIFEGUARD_CONFIG"
-#: `LIFEGUARD_` variables that are not settings of `serve` and are left alone: the config file's, a removed setting
-#: still accepted (`data_plane: raw`), and those the repository's own scripts, tests and CI read, so that a proxy
-#: started in their environment starts (tests/unit/test_settings_sources.py fails on one they read and this lacks).
-OTHER_VARIABLES = frozenset(
+#: A setting removed, still accepted as its YAML key is (`data_plane: raw`; Settings._no_data_plane).
+REMOVED_VARIABLE = "LIFEGUARD_DATA_PLANE"
+#: `LIFEGUARD_` variables that the repository's own scripts, tests and CI read, not settings of `serve`: left alone,
+#: so that a proxy started in their environment starts (tests/unit/test_settings_sources.py fails on one they read
+#: and this lacks).
+TOOL_VARIABLES = frozenset(
     {
-        CONFIG_VARIABLE,
-        "LIFEGUARD_DATA_PLANE",
         "LIFEGUARD_CACHE",
         "LIFEGUARD_CI_RECORD",
         "LIFEGUARD_CLIENTS_HOME",
@@ -60,8 +60,9 @@ OTHER_VARIABLES = frozenset(
     }
 )
 #: scripts/vllm/setup-vllm.sh prints `LIFEGUARD_VLLM_*` for the real-vLLM tests to export.
-OTHER_PREFIXES = ("LIFEGUARD_VLLM_",)
-#: Kubernetes' service links for a Service named `lifeguard` (LIFEGUARD_SERVICE_HOST, LIFEGUARD_PORT_8080_TCP...),
+TOOL_PREFIXES = ("LIFEGUARD_VLLM_",)
+#: Kubernetes' service links for a Service named `lifeguard` (LIFEGUARD_SERVICE_HOST, LIFEGUARD_SERVICE_PORT,
+#: LIFEGUARD_PORT_8080_TCP...),
 #: set in every pod of its namespace unless `enableServiceLinks: false` (deploy/k8s/base/deployment.yaml has it).
 SERVICE_LINK = re.compile(
     r"^LIFEGUARD_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)$"
@@ -129,9 +130,9 @@ def load_settings(
     problems = [unknown_variable(name, Settings.model_fields, PREFIX) for name in sorted(os.environ) if _unknown(name)]
     file = _read_yaml(Path(config_file), config_named_by) if config_file is not None else None
     origins = Origins({key: names.get(key, "--" + key.replace("_", "-")) for key in flags}, variables, file)
-    if "LIFEGUARD_DATA_PLANE" in os.environ:  # removed: refused unless `raw`, as in the file (Settings._no_data_plane)
-        flags.setdefault("data_plane", os.environ["LIFEGUARD_DATA_PLANE"])
-        origins.variables.setdefault("data_plane", "LIFEGUARD_DATA_PLANE")
+    if REMOVED_VARIABLE in os.environ:  # refused unless `raw`, as in the file
+        flags.setdefault("data_plane", os.environ[REMOVED_VARIABLE])
+        origins.variables.setdefault("data_plane", REMOVED_VARIABLE)
     token = FILE_VALUES.set(file.values if file is not None else None)
     try:
         settings = Settings(**flags)
@@ -157,7 +158,9 @@ def _unknown(variable: str) -> bool:
     upper = variable.upper()
     if not upper.startswith(PREFIX) or _setting_of(variable) in Settings.model_fields:
         return False
-    return not (upper in OTHER_VARIABLES or upper.startswith(OTHER_PREFIXES) or SERVICE_LINK.match(upper))
+    if upper in (CONFIG_VARIABLE, REMOVED_VARIABLE) or upper in TOOL_VARIABLES or upper.startswith(TOOL_PREFIXES):
+        return False
+    return not SERVICE_LINK.match(upper)
 
 
 def _read_yaml(path: Path, named_by: str) -> YamlFile:

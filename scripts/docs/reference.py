@@ -134,8 +134,7 @@ def serve_flags() -> dict[str, str]:
 
 
 def settings_md() -> str:
-    from proxy import config
-    from proxy.config import EngineSettings, Settings
+    from proxy.config import EngineSettings, Settings, settings, sources
 
     schema = Settings.model_json_schema()
     engine_schema = schema["$defs"]["EngineSettings"]["properties"]
@@ -146,7 +145,7 @@ def settings_md() -> str:
         GENERATED,
         "",
         "Every setting of `vllm-lifeguard serve`, in the order of proxy/config/settings.py. "
-        + one_line(inspect.cleandoc(config.__doc__ or "").split("\n\n")[1]),
+        + one_line(inspect.cleandoc(settings.__doc__ or "").split("\n\n")[1]),
         "",
         "* **YAML**: the key in the file given with `--config` (or `LIFEGUARD_CONFIG`); config/lifeguard.yaml has "
         "every one with its default, and [config.schema.json](config.schema.json) is its JSON Schema (editors "
@@ -190,6 +189,27 @@ def settings_md() -> str:
             one_line(field.description),
         ]
         out.append("| " + " | ".join(row) + " |")
+    tools = ", ".join(f"`{name}`" for name in sorted(sources.TOOL_VARIABLES))
+    prefixes = ", ".join(f"`{prefix}*`" for prefix in sources.TOOL_PREFIXES)
+    out += [
+        "",
+        "## Environment variables",
+        "",
+        "`serve` refuses a `LIFEGUARD_` variable that is no setting, as it refuses an unknown key in the YAML file: "
+        "exit 2, naming the variable and the setting it was likely meant to be (`LIFEGUARD_HOLD_TIMEOUT is not a "
+        "setting: rename or unset it (did you mean LIFEGUARD_HOLD_TIMEOUT_S?)`). The names are read whatever their "
+        "case. Left alone:",
+        "",
+        f"* `{sources.CONFIG_VARIABLE}`, the YAML file; `{sources.REMOVED_VARIABLE}`, a removed setting (`raw` is "
+        "accepted and ignored, anything else refused, as in the file);",
+        f"* the ones this repository's own scripts, tests and CI read, so that a proxy they start in their "
+        f"environment starts: {tools}, and {prefixes} (`tests/unit/test_settings_sources.py` fails on one they "
+        "read that is not listed here);",
+        "* Kubernetes' service links for a Service named `lifeguard` (`LIFEGUARD_SERVICE_HOST`, "
+        "`LIFEGUARD_SERVICE_PORT*`, `LIFEGUARD_PORT_<port>_TCP*`). Such a Service also sets `LIFEGUARD_PORT` to "
+        "`tcp://...`, which is the setting `port`: keep `enableServiceLinks: false` in the pod spec, as "
+        "deploy/k8s/base/deployment.yaml does.",
+    ]
     return "\n".join(out) + "\n"
 
 
