@@ -475,11 +475,13 @@ def transport_failure(exc: BaseException, address: str) -> str:
     `connection refused by 127.0.0.1:8000`. Refused, DNS, TLS and timeouts read apart: each has its own fix."""
     if isinstance(exc, aiohttp.ClientConnectorError):
         address, exc = f"{exc.host}:{exc.port}", exc.os_error
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"the TLS certificate of {address} was not accepted ({exc.verify_message or exc.reason})"
-    if isinstance(exc, ssl.SSLError):
-        plain = "; it answers plain HTTP: use http://" if exc.reason == "WRONG_VERSION_NUMBER" else ""
-        return f"the TLS handshake with {address} failed ({exc.reason or exc.strerror}){plain}"
+    if isinstance(exc, ssl.SSLError):  # the ssl module's own set `reason` (and `verify_message`); be lenient
+        reason = getattr(exc, "reason", None)
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            why = getattr(exc, "verify_message", None) or reason or exc.strerror
+            return f"the TLS certificate of {address} was not accepted ({why})"
+        plain = "; it answers plain HTTP: use http://" if reason == "WRONG_VERSION_NUMBER" else ""
+        return f"the TLS handshake with {address} failed ({reason or exc.strerror}){plain}"
     if isinstance(exc, ConnectionRefusedError):
         return f"connection refused by {address}"
     if isinstance(exc, ConnectionResetError):

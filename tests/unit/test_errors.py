@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import ssl
 
 import pytest
 
-from proxy.errors import REASONS, BadRequest, BodyTooLarge, HoldTimeout, LifeguardError, UpstreamRejected
+from proxy.errors import (
+    REASONS,
+    BadRequest,
+    BodyTooLarge,
+    HoldTimeout,
+    LifeguardError,
+    UpstreamRejected,
+    transport_failure,
+)
 from proxy.front.wire import error_bytes
 from proxy.lifecycle.verifier import CheckName, CheckResult
 from proxy.observe.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
@@ -69,3 +79,28 @@ def test_vllms_own_refusal_goes_out_as_vllm_said_it() -> None:
     refusal = UpstreamRejected("no", upstream_status=422, body=b'{"detail": "bad"}', content_type="application/json")
     head, _, body = error_bytes(refusal).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 422 ") and body == b'{"detail": "bad"}'
+
+
+@pytest.mark.parametrize(
+    ("failure", "words"),
+    [
+        (ConnectionRefusedError(111, "Connect call failed"), "connection refused by vllm:8000"),
+        (socket.gaierror(-2, "Name or service not known"),
+         "the host of vllm:8000 could not be resolved (DNS: Name or service not known)"),
+        (ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"),
+         "the TLS certificate of vllm:8000 was not accepted"),
+        (TimeoutError(), "no answer from vllm:8000 in time"),
+    ],
+    ids=["refused", "dns", "tls-certificate", "timeout"],
+)  # fmt: skip
+def test_transport_failures_read_apart(failure: BaseException, words: str) -> None:
+    """Was: DNS and TLS failures of `check` both read "connection refused"."""
+    assert transport_failure(failure, "vllm:8000").startswith(words)
+
+
+def test_a_certificate_failure_says_why_it_was_refused() -> None:
+    failure = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    failure.verify_message = "self-signed certificate"
+    assert transport_failure(failure, "vllm:8443") == (
+        "the TLS certificate of vllm:8443 was not accepted (self-signed certificate)"
+    )
