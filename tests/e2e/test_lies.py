@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -603,3 +604,17 @@ async def test_state_shows_the_last_verification_and_the_gpu_memory_read(make_st
     assert memory["available"] is True
     assert memory["used_bytes"] == stack.sim.memory.used_bytes
     assert memory["devices"][0]["gpu"] == "GPU-sim-0"
+
+
+async def test_a_caught_lie_is_a_warning_naming_its_check(make_stack, caplog):
+    """Was: `lifecycle sleep: verification_failed` at INFO, as quiet as a success."""
+    stack = await make_stack()
+    stack.faults("sleep:lie-memory")
+    caplog.set_level(logging.INFO, logger="lifeguard")
+    assert (await stack.client.post("/sleep?level=1")).status == 503
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "lifecycle_op" and r.operation == "sleep"]
+    assert [(r.levelname, r.lie_check) for r in lines] == [("WARNING", "memory")]
+    assert lines[0].getMessage().startswith('lifecycle sleep: a "200 lie" caught by the memory check: vLLM answered')
+    assert (await stack.client.post("/wake_up")).status == 200
+    ok = [r for r in caplog.records if getattr(r, "event", None) == "lifecycle_op" and r.operation == "wake_up"]
+    assert [(r.levelname, r.getMessage()) for r in ok] == [("INFO", "lifecycle wake_up: ok")]

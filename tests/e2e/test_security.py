@@ -8,9 +8,13 @@ stripped both ways and nothing is added (no X-Forwarded-For: TRL reads it as the
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,7 @@ from proxy.config import Settings
 from proxy.front.route_table import VLLM_ROUTES, RouteKind
 
 from .conftest import Stack
+from .test_cli import BIN
 
 TOKEN = "s3cret-admin-token-4f9a"
 INFERENCE_KEY = "sk-user-key-77c1"
@@ -265,3 +270,111 @@ async def test_the_admin_token_is_never_forwarded_to_vllm(
     assert header.lower() not in seen
     assert TOKEN not in repr(seen)
     assert seen["x-session-id"] == "kept"
+
+
+# ----- no input value of a secret setting reaches any output: the secret-echo probe, `vllm-lifeguard` as a process
+#: Every secret setting, found by its type: a secret added later is probed without a change here.
+SECRET_SETTINGS = sorted(name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation))
+PROBE = "Zq7Xk2Lm9Np4-probe-4f9aR8tW"
+
+
+def pieces(secret: str, width: int = 8) -> set[str]:
+    return {secret[start : start + width] for start in range(len(secret) - width + 1)}
+
+
+def test_the_secret_settings_are_the_ones_the_probe_knows() -> None:
+    assert SECRET_SETTINGS == ["admin_token", "upstream_api_key"]
+
+
+ENGINES = '[{"name": "a", "upstream": "http://127.0.0.1:2"}]'
+BOTH = "upstream: http://127.0.0.1:1\nengines:\n  - name: a\n    upstream: http://127.0.0.1:2\n"
+
+
+def settings_error(kind: str, name: str, s: str) -> tuple[list[str], dict[str, str], str | None]:
+    """Every kind of settings error around a secret `s` set in setting `name` (from the environment, from the file,
+    or misspelled): the arguments, the variables, and the YAML file (or None)."""
+    variable, upstream = f"LIFEGUARD_{name.upper()}", ["--upstream", "http://127.0.0.1:9"]
+    return {
+        "field": (upstream, {variable: s, "LIFEGUARD_HOLD_TIMEOUT_S": "-1"}, None),
+        "model-level": (["--upstream", "http://127.0.0.1:1"], {variable: s, "LIFEGUARD_ENGINES": ENGINES}, None),
+        "model-level-in-file": ([], {}, f"{BOTH}{name}: {s}\n"),
+        "json": ([], {variable: s, "LIFEGUARD_ENGINES": "notjson{"}, None),
+        "yaml": ([], {}, f'upstream: http://127.0.0.1:9\n{name}: "{s}\nport: [\n'),
+        "yaml-on-its-line": ([], {}, f"upstream: http://127.0.0.1:9\n{name}: {s}: x\n"),
+        "type": ([], {}, f"upstream: http://127.0.0.1:9\n{name}: [{s}]\n"),
+        "type-mapping": ([], {}, f"upstream: http://127.0.0.1:9\n{name}: {{key: {s}}}\n"),
+        "not-a-mapping": ([], {}, f"{name}:{s}\n"),
+        "misspelled": (upstream, {f"{variable}S": s}, None),
+    }[kind]
+
+
+ERROR_KINDS = ("field", "model-level", "model-level-in-file", "json", "yaml", "yaml-on-its-line", "type",
+               "type-mapping", "not-a-mapping", "misspelled")  # fmt: skip
+
+
+async def run_probe(argv: list[str], env: dict[str, str], yaml_text: str | None, tmp_path: Path) -> tuple[int, str]:
+    if yaml_text is not None:
+        (tmp_path / "probe.yaml").write_text(yaml_text)
+        argv = [*argv, "--config", str(tmp_path / "probe.yaml")]
+    cleaned = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LIFEGUARD_UPSTREAM", "LIFEGUARD_ADMIN",
+                                                                              "LIFEGUARD_CONFIG"))}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN), "serve", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**cleaned, **env}
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode() + err.decode()
+
+
+@pytest.mark.parametrize("kind", sorted(ERROR_KINDS))
+@pytest.mark.parametrize("name", SECRET_SETTINGS)
+async def test_no_piece_of_a_secret_reaches_any_output_of_a_settings_error(
+    name: str, kind: str, tmp_path: Path
+) -> None:
+    """Was: a model-level error printed pydantic's repr of the whole input, whose tail was the secret set last
+    (`input_value={'upstream': 'http://127....ECRETTAIL-9f8e7d6c5b4a'}`): in a pod, that is `kubectl logs`."""
+    status, said = await run_probe(*settings_error(kind, name, PROBE), tmp_path)
+    assert status == 2, said
+    leaked = sorted(piece for piece in pieces(PROBE) if piece in said)
+    assert leaked == [], said
+    assert "input_value=" not in said and "Traceback" not in said
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--upstream", "ftp://user:" + PROBE + "@127.0.0.1:9"], {}),
+        ([], {"LIFEGUARD_UPSTREAM": "user:" + PROBE + "@127.0.0.1:9"}),
+        ([], {"LIFEGUARD_ENGINES": json.dumps([{"name": "a", "upstream": f"ftp://u:{PROBE}@h:1", "gpu": [0]}])}),
+        (
+            ["--upstream", f"http://u:{PROBE}@127.0.0.1:1"],
+            {"LIFEGUARD_ENGINES": '[{"name":"a","upstream":"http://h"}]'},
+        ),
+    ],
+    ids=["bad-scheme-flag", "no-scheme-variable", "engines-json", "model-level"],
+)
+async def test_no_piece_of_a_password_in_an_upstream_url_reaches_a_settings_error(
+    argv: list[str], env: dict[str, str], tmp_path: Path
+) -> None:
+    status, said = await run_probe(argv, env, None, tmp_path)
+    assert status == 2, said
+    assert sorted(piece for piece in pieces(PROBE) if piece in said) == [], said
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_no_piece_of_a_secret_reaches_the_log_of_a_start_that_fails(level: str, tmp_path: Path) -> None:
+    """After the settings are read: a port in use, logged (with the traceback at debug)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {f"LIFEGUARD_{name.upper()}": PROBE for name in SECRET_SETTINGS}
+        argv = ["--upstream", f"http://user:{PROBE}@127.0.0.1:9", "--port", str(port), "--log-level", level]
+        status, said = await run_probe(argv, env, None, tmp_path)
+    assert status == 1 and f"cannot listen on 127.0.0.1:{port}" in said
+    assert sorted(piece for piece in pieces(PROBE) if piece in said) == [], said

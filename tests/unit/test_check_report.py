@@ -97,3 +97,16 @@ def test_profiles_metrics_and_row_selection() -> None:
     with pytest.raises(ValueError, match="unknown row nope"):
         select(["nope"])
     assert len({row.id for row in ROWS}) == len(ROWS)
+
+
+def test_a_read_only_summary_counts_the_findings_it_shows() -> None:
+    """Was: `through the lifeguard: 0 green, 0 red, 0 skip` under a list of green findings (no row runs read-only)."""
+    targets = {"direct": target("vllm"), "through": target()}
+    found = [("direct", "dev-mode", "green"), ("through", "dev-mode", "green"), ("through", "serving", "green"),
+             ("through", "admin-token", "info")]  # fmt: skip
+    findings = [{"column": column, "id": id, "verdict": verdict, "why": "x"} for column, id, verdict in found]
+    doc = json.loads(json.dumps(document(Report("read-only", targets, findings, [], time.time(), 0.1))))
+    jsonschema.validate(doc, schema())
+    for shown in (to_terminal(doc, colour=False), to_markdown(doc)):
+        assert "vLLM itself: 1 green, 0 red, 0 info; through the lifeguard: 2 green, 0 red, 1 info" in shown, shown
+        assert "read-only findings; --lifecycle runs the matrix" in shown
