@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Where a tool of the repository reads a variable: a shell expansion, an assignment at the start of a line of a
 #: script, env file or Dockerfile, or Python's os.environ / getenv.
 SHELL_READS = re.compile(r"(?:\$\{?|^\s*(?:export\s+|ENV\s+)?)(LIFEGUARD_[A-Z0-9_]+)(?=[}\"'=:\s-]|$)", re.M)
-PYTHON_READS = re.compile(r"(?:environ\.get\(\s*|environ\[\s*|getenv\(\s*|setenv\(\s*)[\"'](LIFEGUARD_[A-Z0-9_]+)")
+PYTHON_READS = re.compile(r"(?:environ\.get\(\s*|environ\[\s*|getenv\(\s*)[\"'](LIFEGUARD_[A-Z0-9_]+)")
 
 
 def tracked_files() -> list[Path]:
