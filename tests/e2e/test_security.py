@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -377,4 +378,17 @@ async def test_no_piece_of_a_secret_reaches_the_log_of_a_start_that_fails(level:
         argv = ["--upstream", f"http://user:{PROBE}@127.0.0.1:9", "--port", str(port), "--log-level", level]
         status, said = await run_probe(argv, env, None, tmp_path)
     assert status == 1 and f"cannot listen on 127.0.0.1:{port}" in said
+    assert sorted(piece for piece in pieces(PROBE) if piece in said) == [], said
+
+
+async def test_no_piece_of_an_upstream_password_reaches_the_log_or_the_state_of_an_engine_it_cannot_reach() -> None:
+    """Was: `connection refused by user:<password>@127.0.0.1:PORT` in the engine's errors, /lifeguard/state's too."""
+    from .test_startup_errors import free_port, line_with, serving
+
+    async with serving(f"http://user:{PROBE}@127.0.0.1:{free_port()}") as (port, proc):
+        warning = await line_with(proc, "WARNING")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
+            async with client.get(f"http://127.0.0.1:{port}/lifeguard/state") as state:
+                said = warning + await state.text()
+    assert "user:***@127.0.0.1" in said and "cannot be reached: connection refused by 127.0.0.1:" in said
     assert sorted(piece for piece in pieces(PROBE) if piece in said) == [], said
