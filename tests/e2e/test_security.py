@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from proxy.config import Settings
 from proxy.front.route_table import VLLM_ROUTES, RouteKind
 
 from .conftest import Stack
-from .test_cli import BIN
+from .test_startup_errors import free_port, line_with, run, serving
 
 TOKEN = "s3cret-admin-token-4f9a"
 INFERENCE_KEY = "sk-user-key-77c1"
@@ -314,22 +313,11 @@ ERROR_KINDS = ("field", "model-level", "model-level-in-file", "json", "yaml", "y
 
 
 async def run_probe(argv: list[str], env: dict[str, str], yaml_text: str | None, tmp_path: Path) -> tuple[int, str]:
+    """`vllm-lifeguard serve ARGV` with `env` (and `--config` of `yaml_text`): its status and everything it printed."""
     if yaml_text is not None:
         (tmp_path / "probe.yaml").write_text(yaml_text)
         argv = [*argv, "--config", str(tmp_path / "probe.yaml")]
-    cleaned = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LIFEGUARD_UPSTREAM", "LIFEGUARD_ADMIN",
-                                                                              "LIFEGUARD_CONFIG"))}  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        str(BIN), "serve", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**cleaned, **env}
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 20)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode() + err.decode()
+    return await run("serve", *argv, **env)
 
 
 @pytest.mark.parametrize("kind", sorted(ERROR_KINDS))
@@ -383,7 +371,6 @@ async def test_no_piece_of_a_secret_reaches_the_log_of_a_start_that_fails(level:
 
 async def test_no_piece_of_an_upstream_password_reaches_the_log_or_the_state_of_an_engine_it_cannot_reach() -> None:
     """Was: `connection refused by user:<password>@127.0.0.1:PORT` in the engine's errors, /lifeguard/state's too."""
-    from .test_startup_errors import free_port, line_with, serving
 
     async with serving(f"http://user:{PROBE}@127.0.0.1:{free_port()}") as (port, proc):
         warning = await line_with(proc, "WARNING")
