@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ from proxy.config import Settings
 from proxy.front.route_table import VLLM_ROUTES, RouteKind
 
 from .conftest import Stack
-from .test_startup_errors import free_port, line_with, run, serving
+from .test_startup_errors import free_port, line_with, port_in_use, run, serving
 
 TOKEN = "s3cret-admin-token-4f9a"
 INFERENCE_KEY = "sk-user-key-77c1"
@@ -358,10 +357,7 @@ async def test_no_piece_of_a_password_in_an_upstream_url_reaches_a_settings_erro
 @pytest.mark.parametrize("level", ["info", "debug"])
 async def test_no_piece_of_a_secret_reaches_the_log_of_a_start_that_fails(level: str, tmp_path: Path) -> None:
     """After the settings are read: a port in use, logged (with the traceback at debug)."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    async with port_in_use() as port:
         env = {f"LIFEGUARD_{name.upper()}": PROBE for name in SECRET_SETTINGS}
         argv = ["--upstream", f"http://user:{PROBE}@127.0.0.1:9", "--port", str(port), "--log-level", level]
         status, said = await run_probe(argv, env, None, tmp_path)
