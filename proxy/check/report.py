@@ -88,22 +88,18 @@ def to_terminal(doc: dict[str, Any], *, colour: bool) -> str:
 
 def _counts(doc: dict[str, Any]) -> str:
     """Each column's verdicts: its rows' with --lifecycle, else its findings' (a read-only check runs no row)."""
-    said = "" if doc["mode"] == "lifecycle" else " (read-only findings; --lifecycle runs the matrix)"
-    per_column = {name: doc["summary"][name] for name in doc["columns"]}
-    if doc["mode"] != "lifecycle":
-        verdicts = ("green", "red", "info")
+    if doc["mode"] == "lifecycle":
+        per_column, said = {name: doc["summary"][name] for name in doc["columns"]}, ""
+    else:
         found = doc["deployment"]
         per_column = {
-            name: {v: sum(f["column"] == name and f["verdict"] == v for f in found) for v in verdicts}
+            name: {v: sum(f["column"] == name and f["verdict"] == v for f in found) for v in ("green", "red", "info")}
             for name in doc["columns"]
         }
-    return (
-        "; ".join(
-            f"{COLUMN_TITLES[name]}: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
-            for name, counts in per_column.items()
-        )
-        + said
-    )
+        said = " (read-only findings; --lifecycle runs the matrix)"
+    columns = (f"{COLUMN_TITLES[name]}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) for name, counts in
+               per_column.items())  # fmt: skip
+    return "; ".join(columns) + said
 
 
 def _pad(colour: bool, width: int) -> int:

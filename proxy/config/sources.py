@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,8 @@ TOOL_VARIABLES = frozenset(
 #: scripts/vllm/setup-vllm.sh prints `LIFEGUARD_VLLM_*` for the real-vLLM tests to export.
 TOOL_PREFIXES = ("LIFEGUARD_VLLM_",)
 #: Kubernetes' service links for a Service named `lifeguard` (LIFEGUARD_SERVICE_HOST, LIFEGUARD_SERVICE_PORT,
-#: LIFEGUARD_PORT_8080_TCP...),
-#: set in every pod of its namespace unless `enableServiceLinks: false` (deploy/k8s/base/deployment.yaml has it).
+#: LIFEGUARD_PORT_8080_TCP...), set in every pod of its namespace unless `enableServiceLinks: false`
+#: (deploy/k8s/base/deployment.yaml has it).
 SERVICE_LINK = re.compile(
     r"^LIFEGUARD_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)$"
 )
@@ -102,7 +102,6 @@ class Origins:
     flags: dict[str, str]
     variables: dict[str, str]  # setting: the variable's name as spelled in the environment
     file: YamlFile | None = None
-    fields: tuple[str, ...] = field(default=tuple(Settings.model_fields))
 
     def where(self, loc: tuple[int | str, ...]) -> Where | None:
         name = str(loc[0]) if loc else ""
@@ -130,14 +129,14 @@ def load_settings(
     problems = [unknown_variable(name, Settings.model_fields, PREFIX) for name in sorted(os.environ) if _unknown(name)]
     file = _read_yaml(Path(config_file), config_named_by) if config_file is not None else None
     origins = Origins({key: names.get(key, "--" + key.replace("_", "-")) for key in flags}, variables, file)
-    if REMOVED_VARIABLE in os.environ:  # refused unless `raw`, as in the file
+    if REMOVED_VARIABLE in os.environ:  # refused unless `raw`, as in the file (Settings._no_data_plane)
         flags.setdefault("data_plane", os.environ[REMOVED_VARIABLE])
-        origins.variables.setdefault("data_plane", REMOVED_VARIABLE)
     token = FILE_VALUES.set(file.values if file is not None else None)
     try:
         settings = Settings(**flags)
     except ValidationError as exc:
-        problems += validation_problems(exc, origins.where, origins.fields, tuple(EngineSettings.model_fields))
+        fields, engine_fields = tuple(Settings.model_fields), tuple(EngineSettings.model_fields)
+        problems += validation_problems(exc, origins.where, fields, engine_fields)
     except SourceError as exc:  # a JSON setting's variable that does not parse
         setting = re.search(r'field "(\w+)"', str(exc))
         problems.append(json_problem(variables.get(setting[1] if setting else "", "a LIFEGUARD_ variable"), exc))
