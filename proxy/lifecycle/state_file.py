@@ -115,7 +115,7 @@ class StateFile:
             self._failing = True
             return
         if self._failing:
-            log.warning("the state file %s is written again", self._path, extra={"event": "state_file_written"})
+            log.info("the state file %s is written again", self._path, extra={"event": "state_file_written"})
         self._failing = False
         self._saved = facts
 
