@@ -31,9 +31,10 @@ TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 def environment(**extra: str) -> dict[str, str]:
     """This run's environment without any setting of the developer's own (the harness's variables stay: a proxy
-    must start among them), and `extra`."""
+    must start among them), `serve` on the loop this run tests (`make test`'s second run: asyncio's), and `extra`."""
     settings = {"LIFEGUARD_CONFIG", *(f"LIFEGUARD_{name.upper()}" for name in Settings.model_fields)}
-    return {**{k: v for k, v in os.environ.items() if k.upper() not in settings}, **extra}
+    loop = {"LIFEGUARD_EVENT_LOOP": os.environ.get("LIFEGUARD_TEST_LOOP", "uvloop")}
+    return {**{k: v for k, v in os.environ.items() if k.upper() not in settings}, **loop, **extra}
 
 
 async def run(*argv: str, **env: str) -> tuple[int, str]:
@@ -282,6 +283,7 @@ async def test_https_to_a_plain_http_vllm_is_said_as_tls() -> None:
     sim = await asyncio.create_subprocess_exec(str(BIN), "sim", "--port", str(sim_port),
                                                stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     try:
+        await wait_answering(f"http://127.0.0.1:{sim_port}/health")
         async with serving(f"https://127.0.0.1:{sim_port}") as (_, proc):
             warning = await line_with(proc, "WARNING")
     finally:
