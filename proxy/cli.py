@@ -23,9 +23,9 @@ from aiohttp import web
 from . import __version__
 from .app import Lifeguard
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, SettingsError, StartupError, load_settings
-from .config.settings import url_shown
 from .config.sources import CONFIG_VARIABLE
 from .config.startup_errors import NO_UPSTREAM, cannot_listen
+from .config.urls import url_shown
 from .front.listener import listening_sockets
 from .observe.logs import configure_logging
 from .sharing.gpu_lock import GpuLockSetupError

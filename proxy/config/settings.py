@@ -20,6 +20,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from .urls import http_url, url_shown
+
 OnSleeping = Literal["hold", "reject", "wake"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
@@ -77,11 +79,7 @@ class EngineSettings(BaseModel):
     @field_validator("upstream")
     @classmethod
     def _engine_upstream_is_http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(
-                f"must start with http:// or https:// (got {url_shown(value)!r}; {SIMULATOR!r} is single-engine only)"
-            )
-        return value.rstrip("/")
+        return http_url(value, or_else=f" ({SIMULATOR!r} is single-engine only)")
 
     @field_validator("gpus")
     @classmethod
@@ -452,9 +450,7 @@ class Settings(BaseSettings):
             return None
         if value == SIMULATOR:
             return value
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, or be {SIMULATOR!r} (got {url_shown(value)!r})")
-        return value.rstrip("/")
+        return http_url(value, or_else=f", or be {SIMULATOR!r}")
 
     def body_limit(self, lifecycle_op: str | None = None) -> int:
         """The largest body a request may carry: a weight push's is larger than anything else's."""
@@ -574,20 +570,6 @@ class Settings(BaseSettings):
 def _is_uuid(device: str) -> bool:
     """A `gpu_devices` entry that names a GPU by its UUID (NVML's `GPU-...` or `MIG-...`), not by an index."""
     return not device.isdigit()
-
-
-def url_shown(url: str) -> str:
-    """`url` as it may appear in an error, a log line or /lifeguard/state: a password in it as `***`, whether or not
-    the rest is a URL (`user:pw@host:8000` without a scheme too)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}{slash}{path}"
 
 
 #: The values read from the YAML file of the `Settings` being built (proxy/config/sources.py sets it around the

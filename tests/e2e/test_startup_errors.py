@@ -111,6 +111,27 @@ async def test_a_file_that_is_not_yaml_names_its_line_and_column(tmp_path: Path)
     assert sentence(said).startswith(f"vllm-lifeguard: invalid settings: {config}:3:1: not valid YAML (")
 
 
+@pytest.mark.parametrize(
+    ("upstream", "said"),
+    [
+        ("http://", "has no host: give http://HOST:PORT (got 'http://')"),
+        ("http://vllm:port", "is not a URL the proxy can connect to: port can't be converted to integer"),
+        ("https://vllm:99999", "is not a URL the proxy can connect to: port out of range 0-65535"),
+        ("http://[::1", "is not a URL the proxy can connect to: invalid IPv6 URL"),
+    ],
+)
+async def test_an_upstream_url_the_proxy_cannot_connect_to_is_a_setting_error(upstream: str, said: str) -> None:
+    """Was: accepted by the settings, then a traceback from yarl (or pydantic's dump of the engine) at start."""
+    status, printed = await run("serve", "--upstream", upstream, "--port", "0")
+    assert status == 2
+    assert (
+        sentence(printed)
+        == f"vllm-lifeguard: invalid settings: --upstream {said}"
+        + ("" if "(got" in said else f" (got {upstream!r})")
+        + "\n"
+    )
+
+
 async def test_a_config_file_that_is_not_there_names_who_named_it(tmp_path: Path) -> None:
     status, said = await run("serve", LIFEGUARD_CONFIG=str(tmp_path / "nope.yaml"))
     assert status == 2

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proxy.config import Settings, SettingsError, load_settings
-from proxy.config.settings import url_shown
 from proxy.config.sources import TOOL_PREFIXES, TOOL_VARIABLES, _unknown
+from proxy.config.urls import url_shown
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where a tool of the repository reads a variable: a shell expansion, an assignment at the start of a line of a
