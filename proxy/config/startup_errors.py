@@ -122,7 +122,10 @@ def _what(
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
-    """`('engines', 0, 'upstream')` as `engines[0].upstream`."""
+    """`('engines', 0, 'upstream')` as `engines[0].upstream`; a mapping's key (`('routes', 'x', '[key]')`) as
+    `routes key 'x'`."""
+    if len(loc) > 1 and loc[-1] == "[key]":
+        return f"{_path(loc[:-2])} key {str(loc[-2])!r}"
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 

@@ -120,3 +120,10 @@ def test_an_empty_file_is_every_default(tmp_path: Path) -> None:
 )
 def test_a_password_in_a_url_is_never_shown(url: str, shown: str) -> None:
     assert url_shown(url) == shown
+
+
+def test_a_key_of_a_mapping_setting_is_named_as_a_key(tmp_path: Path) -> None:
+    config = tmp_path / "lifeguard.yaml"
+    config.write_text("upstream: http://127.0.0.1:9\nroutes:\n  inference: [/a]\n  bogus: [/x]\n")
+    with pytest.raises(SettingsError, match=f"{config}:4: routes key 'bogus' must be 'inference', 'at_once'"):
+        load_settings(config)
