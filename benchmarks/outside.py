@@ -9,7 +9,7 @@ stime of the proxy's whole process tree ÷ requests. It gave lifeguard 2.7-2.9×
 rig's nginx upstream, every peer and lifeguard, process-tree CPU (nginx: master and worker), the order of the
 variants reversed every other repetition.
 
-`python scripts/bench/outside.py --vary client,upstream,cpu,logging,loop,contention` changes one variable at a
+`python -m benchmarks.outside --vary client,upstream,cpu,logging,loop,contention` changes one variable at a
 time between lifeguard and nginx, its two values alternated, and prints lifeguard ÷ nginx per repetition:
 * client: wrk's one fixed body (outside) / a body per request alternating between two model names (fixed.py);
 * upstream: the nginx upstream / the fake vLLM `upstream.py` (nginx relays it through its SSE server);
@@ -37,9 +37,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fixed import wrk
-from procs import free_port, log, median_dict, run_ratios, wait_until
-from rig import TWO_ENGINE_MODELS, Rig
+from benchmarks.fixed import wrk
+from benchmarks.procs import free_port, log, median_dict, run_ratios, wait_until
+from benchmarks.rig import TWO_ENGINE_MODELS, Rig
 
 CONNS = 64
 HERE = Path(__file__).resolve().parent
@@ -209,7 +209,7 @@ def main() -> int:
     parser.add_argument("--vary", default="client,upstream,cpu,logging,loop,contention")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--proxy-src", default=str(Path(__file__).resolve().parents[2]))
+    parser.add_argument("--proxy-src", default=str(Path(__file__).resolve().parents[1]))
     args = parser.parse_args()
     try:
         import uvloop  # the load's own side, as in run.py

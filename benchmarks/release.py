@@ -16,10 +16,10 @@ import json
 import time
 from typing import Any
 
-from hold import lifeguard_state
-from procs import http, log, median_dict, rss_bytes, run_ratios, wait_until
-from rig import Rig
-from sse import sse_drained
+from benchmarks.hold import lifeguard_state
+from benchmarks.procs import http, log, median_dict, rss_bytes, run_ratios, wait_until
+from benchmarks.rig import Rig
+from benchmarks.sse import sse_drained
 
 BODY = b'{"model":"tiny","prompt":"The capital of France is","max_tokens":4,"stream":true}'
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -10,7 +10,7 @@ import math
 import statistics
 from typing import Any
 
-from targets import TARGETS, measured
+from benchmarks.targets import TARGETS, measured
 
 NOT_RUN = "not run"
 

@@ -9,8 +9,8 @@ import os
 import re
 from typing import Any
 
-from procs import cpu_seconds, log, median_dict, rss_bytes, tree_cpu_seconds
-from rig import HERE, TWO_ENGINE_MODELS, Rig
+from benchmarks.procs import cpu_seconds, log, median_dict, rss_bytes, tree_cpu_seconds
+from benchmarks.rig import HERE, TWO_ENGINE_MODELS, Rig
 
 
 async def wrk(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procs import Proc, children, free_port, http, log, wait_until
+from benchmarks.procs import Proc, children, free_port, http, log, wait_until
 
 HERE = Path(__file__).resolve().parent
 

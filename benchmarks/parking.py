@@ -5,7 +5,7 @@ its request is in: the descriptor duplicated, the transport aborted), a transpor
 N clients connect, then each sends one request at once (as `hold.py` does); the server's RSS per connection and
 per held client, then the time from the release to the last client's answer. Each server is a fresh process (a
 forked one would reuse the heap its parent freed, and no RSS would grow). Linux only (epoll).
-Usage: .venv/bin/python scripts/bench/parking.py [--clients 8000] [--reps 2]
+Usage: .venv/bin/python -m benchmarks.parking [--clients 8000] [--reps 2]
 """
 
 from __future__ import annotations

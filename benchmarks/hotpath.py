@@ -8,7 +8,7 @@ event of a stream already relayed (one chunk from vLLM to the client). The engin
 front of the embedded simulator. Prints the best of 5 runs in µs (wall clock, and the thread's CPU time, which
 waiting for a shared core does not inflate); `--profile` adds cProfile's table (slower per
 call, for the shape). `--proxy-src DIR` times another checkout's `proxy` (how docs/performance.md's steps were
-measured). Usage: .venv/bin/python scripts/bench/hotpath.py [--stream] [--profile] [--proxy-src DIR]
+measured). Usage: .venv/bin/python -m benchmarks.hotpath [--stream] [--profile] [--proxy-src DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 BODY = b'{"model":"tiny","prompt":"The capital of France is","max_tokens":2}'
 STREAM_BODY = b'{"model":"tiny","prompt":"The capital of France is","max_tokens":2,"stream":true}'
@@ -32,7 +32,7 @@ ANSWER = (
     b'"text":" Paris.","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"total_tokens":7,'
     b'"completion_tokens":2}}'
 )
-# As nginx answers in make bench's fixed load (scripts/bench/nginx-upstream.conf.in).
+# As nginx answers in make bench's fixed load (benchmarks/nginx-upstream.conf.in).
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Sun, 06 Dec 2026 02:33:22 GMT\r\n"
     b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n%b" % (len(ANSWER), ANSWER)

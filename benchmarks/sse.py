@@ -11,8 +11,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from procs import cpu_seconds, http, listen_overflows, log, median_dict, rss_bytes, run_ratios, wait_until
-from rig import Rig
+from benchmarks.procs import cpu_seconds, http, listen_overflows, log, median_dict, rss_bytes, run_ratios, wait_until
+from benchmarks.rig import Rig
 
 T_FIELD = re.compile(rb'"t":(\d+)')
 OPENING_RATE = 20_000  # events/s in all while unpaced streams open

@@ -38,21 +38,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fixed import bench_fixed
-from hold import bench_hold
-from lifecycle import bench_lifecycle
-from mixed import bench_mixed
-from outside import bench_outside
-from procs import log
-from realvllm import bench_vllm
-from release import bench_release
-from report import build_table, machine
-from rig import Rig
-from sse import bench_sse
-from swap import bench_swap
-from verdicts import issue39_lines
+from benchmarks.fixed import bench_fixed
+from benchmarks.hold import bench_hold
+from benchmarks.lifecycle import bench_lifecycle
+from benchmarks.mixed import bench_mixed
+from benchmarks.outside import bench_outside
+from benchmarks.procs import log
+from benchmarks.realvllm import bench_vllm
+from benchmarks.release import bench_release
+from benchmarks.report import build_table, machine
+from benchmarks.rig import Rig
+from benchmarks.sse import bench_sse
+from benchmarks.swap import bench_swap
+from benchmarks.verdicts import issue39_lines
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RIG_LOADS = {
     "fixed",
     "outside",

@@ -5,7 +5,7 @@ to a pooled keep-alive connection to the upstream; the answer relayed as it come
 No routing, no header rewriting, no state, no metrics, no logging, no chunked bodies (wrk's requests and the
 rig's nginx upstream have none). What lifeguard costs above this is its own; what this costs above nginx, any
 proxy written in Python on uvloop pays. `outside.py --vary floor` runs it beside lifeguard and nginx.
-Usage: .venv/bin/python scripts/bench/floor.py --port PORT --upstream-port PORT
+Usage: .venv/bin/python -m benchmarks.floor --port PORT --upstream-port PORT
 """
 
 from __future__ import annotations

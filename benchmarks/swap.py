@@ -13,8 +13,8 @@ import statistics
 import sys
 import time
 
-from procs import free_port, http, log, wait_until
-from rig import HERE, Rig
+from benchmarks.procs import free_port, http, log, wait_until
+from benchmarks.rig import HERE, Rig
 
 MODELS = {"policy": "policy-model", "judge": "judge-model"}
 

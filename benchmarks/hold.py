@@ -8,9 +8,9 @@ import re
 import time
 from typing import Any
 
-from fixed import wrk
-from procs import cpu_seconds, http, log, median_dict, rss_bytes, wait_until
-from rig import Rig
+from benchmarks.fixed import wrk
+from benchmarks.procs import cpu_seconds, http, log, median_dict, rss_bytes, wait_until
+from benchmarks.rig import Rig
 
 COMPLETION_BODY = b'{"model":"tiny","prompt":"The capital of France is","max_tokens":2}'
 

@@ -19,11 +19,11 @@ import subprocess
 import sys
 from typing import Any
 
-from fixed import wrk
-from procs import cpu_seconds, log, median_dict, run_ratios
-from rig import HERE, Rig
+from benchmarks.fixed import wrk
+from benchmarks.procs import cpu_seconds, log, median_dict, run_ratios
+from benchmarks.rig import HERE, Rig
 
-ROOT = HERE.parents[1]
+ROOT = HERE.parent
 
 
 def vllm_env() -> dict[str, str]:

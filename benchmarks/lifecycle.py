@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from procs import http, log
-from rig import Rig
+from benchmarks.procs import http, log
+from benchmarks.rig import Rig
 
 
 async def bench_lifecycle(rig: Rig, cycles: int, op_ms: float) -> dict[str, float]:
