@@ -220,9 +220,12 @@ COMMAND_SOURCES: dict[str, tuple[str, ...]] = {
 
 @cache
 def command_source(command: str) -> tuple[Path, ...]:
-    """The files that define `command`'s flags: one of COMMAND_SOURCES, or a script of the repository by name."""
+    """The files that define `command`'s flags: one of COMMAND_SOURCES, a module of the bench run with `-m`
+    (`benchmarks.run`), or a script of the repository by name."""
     if command in COMMAND_SOURCES:
         return tuple(ROOT / rel for rel in COMMAND_SOURCES[command])
+    if command.startswith("benchmarks."):
+        return (ROOT / "benchmarks" / f"{command.removeprefix('benchmarks.')}.py",)
     name = command.rsplit("/", 1)[-1]
     if name == "bench.sh":
         return command_source("scripts/bench.sh")

@@ -45,7 +45,7 @@ EXEMPT: dict[tuple[str, str], str] = {
 GONE_RE = re.compile(r"^[`'\"]?\s*\((?:since )?(?:removed|renamed|gone|deleted)\b")
 
 PATH_RE = re.compile(
-    r"(?<![\w./@:~$-])((?:proxy|lifeguard_sim|tests|scripts|docs|deploy|config)/[\w./*-]*[\w*/])(::[\w\[\]-]+)?"
+    r"(?<![\w./@:~$-])((?:proxy|lifeguard_sim|benchmarks|tests|scripts|docs|deploy|config)/[\w./*-]*[\w*/])(::[\w\[\]-]+)?"
 )
 MD_LINK_RE = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 BARE_MD_RE = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
@@ -59,8 +59,9 @@ MAKE_RE = re.compile(r"`make ([a-z][\w-]*)")
 EVENT_RE = re.compile(r"\bevent=(\w+)")
 # A reason as the docs write it: a status then the reason in backticks ("503 `hold_timeout`").
 REASON_RE = re.compile(r"(?<![\d,.])\b(400|401|403|404|405|408|409|413|414|431|503) `([a-z][a-z_]+)`")
-# A flag given to a command of ours: `vllm-lifeguard serve ... --flag` or `scripts/x.sh --flag` in one code span.
-COMMAND_RE = re.compile(r"(vllm-lifeguard (?:serve|sim|status|check)|[\w/.-]+\.(?:py|sh))\b([^`|;]*)")
+# A flag given to a command of ours: `vllm-lifeguard serve ... --flag`, `scripts/x.sh --flag` or
+# `python -m benchmarks.run --flag` in one code span.
+COMMAND_RE = re.compile(r"(vllm-lifeguard (?:serve|sim|status|check)|[\w/.-]+\.(?:py|sh)|benchmarks\.\w+)\b([^`|;]*)")
 FLAG_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 # `key: value` of the settings, or a `LIFEGUARD_*` variable, in backticks.
 SETTING_RE = re.compile(r"`([a-z][a-z0-9_]*)(?::[^`]*)?`")
@@ -384,6 +385,8 @@ def test_the_docs_name_only_what_the_code_has() -> None:
         ("then `POST /sleep_now`", "route POST /sleep_now is in no route table"),
         ("`LIFEGUARD_NOPE_S`", "environment variable LIFEGUARD_NOPE_S is read nowhere"),
         ("tests/unit/test_gate.py::test_nope", "test tests/unit/test_gate.py::test_nope does not exist"),
+        ("`benchmarks/nope.py`", "file benchmarks/nope.py does not exist"),
+        ("`python -m benchmarks.run --nope`", "flag --nope of benchmarks.run does not exist"),
     ],
 )
 def test_the_lint_catches_each_kind_of_mention(line: str, finding: str) -> None:
