@@ -225,7 +225,8 @@ def command_source(command: str) -> tuple[Path, ...]:
     if command in COMMAND_SOURCES:
         return tuple(ROOT / rel for rel in COMMAND_SOURCES[command])
     if command.startswith("benchmarks."):
-        return (ROOT / "benchmarks" / f"{command.removeprefix('benchmarks.')}.py",)
+        module = ROOT / "benchmarks" / f"{command.removeprefix('benchmarks.')}.py"
+        return (module,) if module.exists() else ()
     name = command.rsplit("/", 1)[-1]
     if name == "bench.sh":
         return command_source("scripts/bench.sh")

@@ -1,7 +1,8 @@
 """The docs name only what exists: every file path, test, setting, environment variable, metric and label value,
 route, `X-Lifeguard-*` header, error reason, log event, flag and make target that README.md, CONTRIBUTING.md,
-docs/**/*.md and the comments of config/lifeguard.yaml mention is checked against the code (scripts/docs/facts.py
-reads it), and the Grafana dashboard and alert rules query only series and label values the proxy exports.
+benchmarks/README.md, docs/**/*.md and the comments of config/lifeguard.yaml mention is checked against the code
+(scripts/docs/facts.py reads it), and the Grafana dashboard and alert rules query only series and label values the
+proxy exports.
 
 A mention of something that no longer exists (in a dated run log, say) is allowed only where the text says so:
 `(removed)`, `(renamed ...)` or `(since removed)` right after it. `EXEMPT` lists the few mentions let through
@@ -78,7 +79,7 @@ SETTING_SUFFIXES = ("_s", "_bytes", "_fraction", "_enabled", "_routes", "_dir", 
 
 
 def doc_files() -> list[Path]:
-    top = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    top = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md"]
     return [*top, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "config" / "lifeguard.yaml"]
 
 
