@@ -67,7 +67,7 @@ bench: setup  ## the performance table against nginx, Envoy, vllm-router and a r
 	bash scripts/bench.sh --vllm
 
 docs: setup  ## the reference in docs/reference/ (settings, routes, headers, errors, metrics, config schema), from the code
-	$(BIN)/python scripts/docs/reference.py
+	$(BIN)/python -m scripts.docs.reference
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -12,16 +12,15 @@ vLLM takes about a minute to start here.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 import os
 import subprocess
-import sys
 from typing import Any
 
 from benchmarks.fixed import wrk
 from benchmarks.procs import cpu_seconds, log, median_dict, run_ratios
 from benchmarks.rig import HERE, Rig
+from scripts.vllm import vllm_server  # stdlib only; the tests' launcher of a real vLLM
 
 ROOT = HERE.parent
 
@@ -42,8 +41,6 @@ def vllm_env() -> dict[str, str]:
 async def bench_vllm(rig: Rig, conns_list: tuple[int, ...], seconds: float, reps: int) -> dict[str, Any]:
     env = vllm_env()
     os.environ.update(env)
-    sys.path.insert(0, str(ROOT / "scripts" / "vllm"))
-    vllm_server = importlib.import_module("vllm_server")  # stdlib only; the tests' launcher of a real vLLM
     server = vllm_server.VllmServer(log_path=rig.workdir / "vllm.log", extra_args=vllm_server.SUITE_ARGS)
     log(f"real vLLM: starting {env.get('LIFEGUARD_VLLM_MODEL')} on {server.url}")
     server.spawn()

@@ -11,31 +11,18 @@ otherwise, each with its reason; no file is exempt as a whole.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from proxy.front.route_table import RouteTable, build_table
+from scripts.docs import facts
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("doc_facts", ROOT / "scripts" / "docs" / "facts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["doc_facts"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-facts = _load()
 
 #: (file, mention): why it may name something the code does not have.
 EXEMPT: dict[tuple[str, str], str] = {

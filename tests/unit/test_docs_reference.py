@@ -4,25 +4,12 @@ every `X-Lifeguard-*` header the proxy spells out."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from scripts.docs import reference
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("doc_reference", ROOT / "scripts" / "docs" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["doc_reference"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load()
 
 
 def test_the_committed_reference_is_what_the_code_says() -> None:

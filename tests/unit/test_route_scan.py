@@ -6,27 +6,12 @@ sources written in each of the shapes vLLM uses, a wheel built on the spot, and 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("route_scan", ROOT / "scripts" / "vllm" / "route_scan.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["route_scan"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-route_scan = _load()
+from scripts.vllm import route_scan
 
 ROUTER_MODULE = """
 from fastapi import APIRouter
