@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from lifeguard_testing import LifeguardServer
 
 from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.config import Settings
 from scripts import gpu_check
+from tests.lifeguard_testing import LifeguardServer
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30

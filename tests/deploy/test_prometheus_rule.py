@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import yaml
-from kubectl_kustomize import build, find
 
 from scripts import prometheus_rule
+from tests.deploy.kubectl_kustomize import build, find
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "lifeguard-rules.yaml"

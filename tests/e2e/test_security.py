@@ -20,8 +20,7 @@ from pydantic import SecretStr
 
 from proxy.config import Settings
 from proxy.front.route_table import VLLM_ROUTES, RouteKind
-
-from .conftest import Stack
+from tests.e2e.conftest import Stack
 
 TOKEN = "s3cret-admin-token-4f9a"
 INFERENCE_KEY = "sk-user-key-77c1"

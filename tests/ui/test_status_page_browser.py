@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
-
-from .chromium import Page, chromium
+from tests.e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
+from tests.ui.chromium import Page, chromium
 
 TOKEN = "s3cret-admin-token-4f9a"
 GIB = 1 << 30
