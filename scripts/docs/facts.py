@@ -1,7 +1,7 @@
 """What the code says exists: settings, routes, headers, error reasons, metrics and their label values, make
 targets. Read from the code itself (imports and, for what has no registry, the sources), never from the docs.
 
-Used by scripts/docs/reference.py (the generated reference, `make docs`) and tests/unit/test_doc_lint.py (every
+Used by scripts/docs/reference.py (the generated reference, `make docs`) and tests/tooling/test_doc_lint.py (every
 name the docs mention must be here).
 """
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CODE_DIRS = ("proxy", "lifeguard_sim", "benchmarks", "scripts", "tests", "deploy", "config")
 CODE_FILES = ("Makefile", "Dockerfile", "pyproject.toml")
 #: Files that name things only to check them: a name found only there does not exist.
-NOT_CODE = frozenset({"tests/unit/test_doc_lint.py", "scripts/docs/facts.py", "scripts/docs/reference.py"})
+NOT_CODE = frozenset({"tests/tooling/test_doc_lint.py", "scripts/docs/facts.py", "scripts/docs/reference.py"})
 CODE_SUFFIXES = frozenset({".py", ".sh", ".yaml", ".yml", ".json", ".toml", ".html", ".lua", ".in", ".cfg"})
 HEADER_RE = re.compile(r"X-Lifeguard-[A-Za-z][A-Za-z-]*[A-Za-z]")
 ENV_RE = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b")

@@ -9,7 +9,7 @@
 * metrics.md from a registry built as proxy/app.py builds it (`scripts/docs/facts.py`).
 
 `python -m scripts.docs.reference` writes them; `--check` only says whether the committed ones are current
-(tests/unit/test_docs_reference.py does the same in `make test`).
+(tests/tooling/test_docs_reference.py does the same in `make test`).
 """
 
 from __future__ import annotations
