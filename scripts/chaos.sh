@@ -28,4 +28,4 @@ echo "== schemathesis against the proxy (docs/openapi.yaml)"
 "$VENV/bin/pytest" -q -p no:cacheprovider -m chaos tests/e2e/test_bad_input.py -k schemathesis
 
 echo "== chaos run"
-exec "$PY" tests/chaos/chaos_run.py "$@"
+exec "$PY" -m tests.chaos.chaos_run "$@"

@@ -17,6 +17,6 @@ log "vllm-router: $LIFEGUARD_ROUTER_BIN"
 # The test bounds itself (pytest-timeout 240 s, every wait with a deadline); this is the backstop.
 timeout -k 10 300 "$BIN/pytest" -m fleet tests/fleet -q -rfEs -p no:cacheprovider "$@"
 rc=$?
-[ -s "$LIFEGUARD_FLEET_REPORT" ] && "$BIN/python" tests/fleet/fleet.py "$LIFEGUARD_FLEET_REPORT"
+[ -s "$LIFEGUARD_FLEET_REPORT" ] && "$BIN/python" -m tests.fleet.fleet "$LIFEGUARD_FLEET_REPORT"
 log "logs in $LIFEGUARD_FLEET_LOG_DIR"
 exit $rc

@@ -131,7 +131,7 @@ else
   log "tests/conformance has no tests yet: skipped"
 fi
 
-[[ -s $LIFEGUARD_FLEET_REPORT ]] && "$BIN/python" tests/fleet/fleet.py "$LIFEGUARD_FLEET_REPORT" >&2
+[[ -s $LIFEGUARD_FLEET_REPORT ]] && "$BIN/python" -m tests.fleet.fleet "$LIFEGUARD_FLEET_REPORT" >&2
 log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), SkyRL 0.4.0 ${t_skyrl04}s (rc=$rc_skyrl04)," \
   "conformance ${t_conf}s (rc=$rc_conf), total $((SECONDS - t0))s"
 grep -h "^==== healthy after" "$LIFEGUARD_VLLM_LOG_DIR"/vllm*.log 2>/dev/null | sed 's/^==== /[test-vllm] vLLM /' >&2

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import uvloop
 from aiohttp.test_utils import TestClient
-from lifeguard_testing import LifeguardServer, ServeLifeguard, client_timeout
 
 from proxy.config import Settings
+from tests.lifeguard_testing import LifeguardServer, ServeLifeguard, client_timeout
 
 CI_RECORD = os.environ.get("LIFEGUARD_CI_RECORD")
 

@@ -33,7 +33,7 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
     }
 )
 #: Every `X-Lifeguard-*` header the proxy sends or reads, and what it says (docs/reference/headers.md is made from
-#: this; tests/unit/test_docs_reference.py checks it names each one spelled out in proxy/).
+#: this; tests/tooling/test_docs_reference.py checks it names each one spelled out in proxy/).
 LIFEGUARD_HEADERS: dict[str, str] = {
     "X-Lifeguard-Token": "Request, to the proxy: the admin token (`admin_token`), instead of `Authorization: Bearer`. "
     "Never forwarded to vLLM.",

@@ -22,9 +22,8 @@ from ..errors import transport_failure
 from ..tasks import Tasks
 
 #: Connects at once by default: half the listen backlog vLLM's uvicorn asks for (2,048). The bound is what a burst of
-#: new streams waits on (docs/performance.md, 2026-12-07: 2,048 streams at once all delivering in 1.12 s at 1,024
-#: against 1.73 s at 128); the kernel caps every listen queue at net.core.somaxconn, and handshakes past a full
-#: queue are dropped and retried a second later.
+#: new streams waits on (docs/performance.md, "What the code relies on", has the figure); the kernel caps every listen
+#: queue at net.core.somaxconn, and handshakes past a full queue are dropped and retried a second later.
 MAX_CONNECTING = 1024
 #: Where the sidecar reads that cap: vLLM in the same pod shares its network namespace, and so the value.
 SOMAXCONN = Path("/proc/sys/net/core/somaxconn")

@@ -1,7 +1,7 @@
 """What the code says exists: settings, routes, headers, error reasons, metrics and their label values, make
 targets. Read from the code itself (imports and, for what has no registry, the sources), never from the docs.
 
-Used by scripts/docs/reference.py (the generated reference, `make docs`) and tests/unit/test_doc_lint.py (every
+Used by scripts/docs/reference.py (the generated reference, `make docs`) and tests/tooling/test_doc_lint.py (every
 name the docs mention must be here).
 """
 
@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the code lives (what a name the docs mention must be found in).
-CODE_DIRS = ("proxy", "lifeguard_sim", "scripts", "tests", "deploy", "config")
+CODE_DIRS = ("proxy", "lifeguard_sim", "benchmarks", "scripts", "tests", "deploy", "config")
 CODE_FILES = ("Makefile", "Dockerfile", "pyproject.toml")
 #: Files that name things only to check them: a name found only there does not exist.
-NOT_CODE = frozenset({"tests/unit/test_doc_lint.py", "scripts/docs/facts.py", "scripts/docs/reference.py"})
+NOT_CODE = frozenset({"tests/tooling/test_doc_lint.py", "scripts/docs/facts.py", "scripts/docs/reference.py"})
 CODE_SUFFIXES = frozenset({".py", ".sh", ".yaml", ".yml", ".json", ".toml", ".html", ".lua", ".in", ".cfg"})
 HEADER_RE = re.compile(r"X-Lifeguard-[A-Za-z][A-Za-z-]*[A-Za-z]")
 ENV_RE = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b")
@@ -213,16 +213,20 @@ COMMAND_SOURCES: dict[str, tuple[str, ...]] = {
     "vllm-lifeguard sim": ("lifeguard_sim/cli.py",),
     "vllm-lifeguard status": ("proxy/observe/status_cli.py",),
     "vllm-lifeguard check": ("proxy/check/cli.py",),
-    # scripts/bench.sh passes every option it does not know to scripts/bench/run.py
-    "scripts/bench.sh": ("scripts/bench.sh", "scripts/bench/run.py"),
+    # scripts/bench.sh passes every option it does not know to benchmarks/run.py
+    "scripts/bench.sh": ("scripts/bench.sh", "benchmarks/run.py"),
 }
 
 
 @cache
 def command_source(command: str) -> tuple[Path, ...]:
-    """The files that define `command`'s flags: one of COMMAND_SOURCES, or a script of the repository by name."""
+    """The files that define `command`'s flags: one of COMMAND_SOURCES, a module of the bench run with `-m`
+    (`benchmarks.run`), or a script of the repository by name."""
     if command in COMMAND_SOURCES:
         return tuple(ROOT / rel for rel in COMMAND_SOURCES[command])
+    if command.startswith("benchmarks."):
+        module = ROOT / "benchmarks" / f"{command.removeprefix('benchmarks.')}.py"
+        return (module,) if module.exists() else ()
     name = command.rsplit("/", 1)[-1]
     if name == "bench.sh":
         return command_source("scripts/bench.sh")

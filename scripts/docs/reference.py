@@ -8,8 +8,8 @@
 * errors.md from the error classes of `proxy.errors` (reason, status, Retry-After, docstring, `advice`);
 * metrics.md from a registry built as proxy/app.py builds it (`scripts/docs/facts.py`).
 
-`python scripts/docs/reference.py` writes them; `--check` only says whether the committed ones are current
-(tests/unit/test_docs_reference.py does the same in `make test`).
+`python -m scripts.docs.reference` writes them; `--check` only says whether the committed ones are current
+(tests/tooling/test_docs_reference.py does the same in `make test`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import facts  # noqa: E402
+from scripts.docs import facts
 
 ROOT = facts.ROOT
 OUT = ROOT / "docs" / "reference"

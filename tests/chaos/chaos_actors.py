@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from chaos_checks import Call, error_shape_problem, journal_entries
 
 from lifeguard_sim.memory import GpuMemory
 from lifeguard_sim.shared_gpu import SharedGpuFile
+from tests.chaos.chaos_checks import Call, error_shape_problem, journal_entries
 
 SIM_SCRIPT = Path(__file__).with_name("sim_process.py")
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from chaos_actors import wait_for_200
+
+from tests.chaos.chaos_actors import wait_for_200
 
 
 class ProxySupervisor:

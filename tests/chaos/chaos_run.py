@@ -1,8 +1,8 @@
 """The chaos run: the proxy in front of a crashing, lying, hanging simulator, under load, for a bounded time.
 
-    python tests/chaos/chaos_run.py --duration 600          # the full run
-    python tests/chaos/chaos_run.py --quick                 # the bounded CI run (~90 s)
-    python tests/chaos/chaos_run.py --engines 2 --quick     # two engines on one GPU, 110 s (make chaos-engines)
+    python -m tests.chaos.chaos_run --duration 600          # the full run
+    python -m tests.chaos.chaos_run --quick                 # the bounded CI run (~90 s)
+    python -m tests.chaos.chaos_run --engines 2 --quick     # two engines on one GPU, 110 s (make chaos-engines)
 
 Processes: the simulator (tests/chaos/sim_process.py: `vllm-lifeguard sim` plus a crash-proof journal)
 under a restarter, and `vllm-lifeguard serve --upstream ... --gpu-probe file:GPUFILE`, which is killed -9
@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from chaos_actors import (
+
+from tests.chaos.chaos_actors import (
     FAULT_OPS,
     SHARED_SIZES,
     SimSupervisor,
@@ -62,7 +63,7 @@ from chaos_actors import (
     sim_state,
     trainer,
 )
-from chaos_checks import (
+from tests.chaos.chaos_checks import (
     BAD_INFERENCE,
     KNOWN_BUGS,
     Call,
@@ -78,7 +79,7 @@ from chaos_checks import (
     untruthful,
     wake_intervals,
 )
-from chaos_proxy import ProxySupervisor, proxy_killer
+from tests.chaos.chaos_proxy import ProxySupervisor, proxy_killer
 
 PROXY_ENV = {
     "LIFEGUARD_HOLD_TIMEOUT_S": "5",

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-RUNNER = Path(__file__).with_name("chaos_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = [sys.executable, "-m", "tests.chaos.chaos_run"]
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(240)
 def test_the_bounded_chaos_run_keeps_every_invariant() -> None:
-    done = subprocess.run([sys.executable, str(RUNNER), "--quick"], capture_output=True, text=True, timeout=230)
+    done = subprocess.run([*RUNNER, "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=230)
     print(done.stdout[-6000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
@@ -23,9 +24,7 @@ def test_the_bounded_chaos_run_keeps_every_invariant() -> None:
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_the_bounded_two_engine_chaos_run_keeps_every_invariant() -> None:
-    done = subprocess.run(
-        [sys.executable, str(RUNNER), "--engines", "2", "--quick"], capture_output=True, text=True, timeout=290
-    )
+    done = subprocess.run([*RUNNER, "--engines", "2", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=290)
     print(done.stdout[-6000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
@@ -34,8 +33,6 @@ def test_the_bounded_two_engine_chaos_run_keeps_every_invariant() -> None:
 @pytest.mark.timeout(420)  # three proxies and three simulators on two cores: about 4 min
 def test_the_bounded_three_pod_chaos_run_keeps_every_invariant() -> None:
     """`make chaos-pods`: three proxies (one per pod) on one simulated GPU and one gpu_lock_dir."""
-    done = subprocess.run(
-        [sys.executable, str(RUNNER), "--pods", "3", "--quick"], capture_output=True, text=True, timeout=410
-    )
+    done = subprocess.run([*RUNNER, "--pods", "3", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=410)
     print(done.stdout[-6000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from chaos_actors import FAULT_OPS, FaultLine, _fired_since
-from chaos_checks import (
+from tests.chaos.chaos_actors import FAULT_OPS, FaultLine, _fired_since
+from tests.chaos.chaos_checks import (
     Call,
     MemoryMove,
     WakeSpan,

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from lifeguard_testing import LifeguardServer
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.config import Settings
+from tests.lifeguard_testing import LifeguardServer
 
 
 async def _stack(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,

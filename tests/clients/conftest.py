@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer, without_lifeguard_env
 
-from clients.reads import StackReads
-from clients.stand_ins import modules_restored
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.config import Settings
+from tests.clients.reads import StackReads
+from tests.clients.stand_ins import modules_restored
+from tests.lifeguard_testing import CLIENT_TIMEOUT_S, LifeguardServer, without_lifeguard_env
 
 MODEL = "tiny"
 HOLD_TIMEOUT_S = 4.0

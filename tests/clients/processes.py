@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from clients.reads import StackReads
+from tests.clients.reads import StackReads
 
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 30.0

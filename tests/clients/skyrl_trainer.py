@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Optional, TypeVar
 
-from clients.stand_ins import class_methods, definitions, torch_for_annotations
+from tests.clients.stand_ins import class_methods, definitions, torch_for_annotations
 
 SKYRL_TRAIN = "skyrl/backends/skyrl_train"
 RENDEZVOUS_DEADLINE_S = 10.0
@@ -193,7 +193,7 @@ def skyrl_trainer_side(site: Path) -> SkyrlTrainerSide:
     torch = torch_for_annotations()["torch"]
     senders = _skyrl_weight_senders(site)
     sys.modules[senders.__name__] = senders  # Worker._sync_weights_to_inference_engines imports from it
-    from clients.stand_ins import skyrl_weight_sync_control_plane
+    from tests.clients.stand_ins import skyrl_weight_sync_control_plane
 
     control_plane = skyrl_weight_sync_control_plane(site)
     logger = logging.getLogger("skyrl")

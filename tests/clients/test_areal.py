@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from clients.conftest import Stack
-from clients.stand_ins import bare_packages, client_site, definitions, load
+from tests.clients.conftest import Stack
+from tests.clients.stand_ins import bare_packages, client_site, definitions, load
 
 # AReaL's defaults (areal/api/cli_args.py InferenceEngineConfig): 3 attempts, 1 s apart.
 RETRIES = 3

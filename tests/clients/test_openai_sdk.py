@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import openai
 import pytest
-from lifeguard_testing import client_timeout
 
-from clients.conftest import MODEL, Stack
+from tests.clients.conftest import MODEL, Stack
+from tests.lifeguard_testing import client_timeout
 
 
 def sdk(stack: Stack, max_retries: int = 0) -> openai.AsyncOpenAI:

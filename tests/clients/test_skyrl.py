@@ -27,8 +27,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from clients.conftest import Stack
-from clients.stand_ins import client_site, definitions, skyrl_remote_inference_client
+from tests.clients.conftest import Stack
+from tests.clients.stand_ins import client_site, definitions, skyrl_remote_inference_client
 
 SKYRL_SIM = {"trainer_servers": ("skyrl",), "enable_scale_out": True, "enable_lora": True}
 # docs/guides/skyrl.md: the proxy learns from SkyRL's finish RPC that a level-2 sleep's weights are back.

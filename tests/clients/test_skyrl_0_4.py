@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from clients.processes import ProcessStack, start_stack
-from clients.stand_ins import client_site, skyrl_remote_inference_client
+from tests.clients.processes import ProcessStack, start_stack
+from tests.clients.stand_ins import client_site, skyrl_remote_inference_client
 
 SKYRL_VERSION = "0.4.0"
 SKYRL_SIM = ("--trainer-server", "skyrl", "--enable-scale-out", "--enable-lora")
@@ -60,7 +60,7 @@ def skyrl(site: Path) -> Any:
 
 @pytest.fixture
 def side(site: Path) -> Any:
-    from clients.skyrl_trainer import skyrl_trainer_side
+    from tests.clients.skyrl_trainer import skyrl_trainer_side
 
     return skyrl_trainer_side(site)
 
@@ -156,7 +156,7 @@ async def rollout_held_during_the_push(
 def nccl_driver(side: Any, skyrl: Any, stack: ProcessStack, **cfg: Any) -> tuple[Any, Any]:
     """SkyRL's non-colocated driver over NCCL, no drafter (`config(colocate_all=False, backend="nccl", **cfg)`):
     its dispatch and its engine client."""
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     sync_client = weight_sync_client(side, stack)
     engine = side.engine("nccl", sync_client, NAMES, draft=None, sim_url=stack.sim_url)
@@ -189,7 +189,7 @@ async def failing_weight_sync(stack: ProcessStack, dispatch: Any, engine_client:
 
 
 def dispatch_for(side: Any, skyrl: Any, stack: ProcessStack, cfg: Any, engine: Any) -> tuple[Any, Any]:
-    from clients.skyrl_trainer import PolicyActorGroup
+    from tests.clients.skyrl_trainer import PolicyActorGroup
 
     engine_client = remote_client(skyrl, stack)
     group = PolicyActorGroup(side, cfg, engine, lambda: remote_client(skyrl, stack))
@@ -200,7 +200,7 @@ def dispatch_for(side: Any, skyrl: Any, stack: ProcessStack, cfg: Any, engine: A
 async def test_colocated_checks_is_sleeping_then_sleeps_pushes_model_and_drafter_and_wakes(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     stack = await make_stack()
     sync_client = weight_sync_client(side, stack, "ipc")
@@ -235,7 +235,7 @@ async def test_colocated_checks_is_sleeping_then_sleeps_pushes_model_and_drafter
 async def test_colocated_rollout_sent_mid_sync_is_held_until_the_kv_cache_wakes(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     stack = await make_stack("--fault", "finish_weight_update:slow:1@2")
     sync_client = weight_sync_client(side, stack, "ipc")
@@ -250,7 +250,7 @@ async def test_colocated_rollout_sent_mid_sync_is_held_until_the_kv_cache_wakes(
 async def test_non_colocated_fully_async_offload_freezes_rollouts_and_resumes_them_on_new_weights(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     stack = await make_stack()
     sync_client = weight_sync_client(side, stack)
@@ -320,7 +320,7 @@ async def test_non_colocated_synchronous_offload_sleeps_and_wakes_through_vllm(
 async def test_non_colocated_pause_push_with_drafter_resume_holds_a_rollout_until_resume(
     skyrl: Any, side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
 ) -> None:
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     stack = await make_stack("--fault", "finish_weight_update:slow:1@1")
     sync_client = weight_sync_client(side, stack)
@@ -347,7 +347,7 @@ async def test_delta_fetches_while_rollouts_run_then_reloads_model_and_drafter_i
         publish_staging_dir=str(tmp_path / "staging"),
         rank=0,
     )
-    from clients.skyrl_trainer import WeightSource
+    from tests.clients.skyrl_trainer import WeightSource
 
     engine = side.delta_engine.trainer_init(init, client=sync_client, source=WeightSource(NAMES))
     engine.skyrl_draft_source = WeightSource(DRAFT)
@@ -395,7 +395,7 @@ async def test_fp8_kv_cache_nan_after_a_level_2_wake_is_caught_by_the_canary_not
     discarded weights take the attention layers' `_q_scale` with them and the KV cache's wake leaves it 0.0;
     every completion after that "successful" wake has NaN logprobs. The canary after the full wake sees it: the
     wake is 503 verification_failed and rollouts are refused instead of trained on."""
-    from clients.skyrl_trainer import config
+    from tests.clients.skyrl_trainer import config
 
     stack = await make_stack("--fp8-kv-cache")
     sync_client = weight_sync_client(side, stack, "ipc")

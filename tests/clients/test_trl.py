@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from lifeguard_testing import client_timeout
 
-from clients.conftest import Stack
-from clients.stand_ins import NcclSide, client_site, trl_async_grpo_client, trl_server_mode_client
+from tests.clients.conftest import Stack
+from tests.clients.stand_ins import NcclSide, client_site, trl_async_grpo_client, trl_server_mode_client
+from tests.lifeguard_testing import client_timeout
 
 UPDATE_INFO = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 4]]}
 

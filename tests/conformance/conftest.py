@@ -19,10 +19,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from conformance.api import VllmApi
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from lifeguard_sim.versions import PROFILES
+from tests.conformance.api import VllmApi
 
 REAL_ENGINE_URL = os.environ.get("CONFORMANCE_ENGINE_URL")
 MODEL = os.environ.get("CONFORMANCE_MODEL", "tiny")

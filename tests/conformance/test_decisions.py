@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from conformance.api import VllmApi
+from tests.conformance.api import VllmApi
 
 QUESTIONS = [
     {"type": "predicate", "name": "is_question", "instructions": "Is the input a question?"},

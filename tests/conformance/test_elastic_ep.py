@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from conformance.api import VllmApi, eventually
 from lifeguard_sim.engine import Engine
+from tests.conformance.api import VllmApi, eventually
 
 SCALING = {"error": "The model is currently scaling. Please try again later."}
 RETIRED = {"error": "This data-parallel rank has been retired and is awaiting shutdown."}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.api import VllmApi
+from tests.conformance.api import VllmApi
 
 
 async def test_health_is_200_with_an_empty_body(vllm: VllmApi) -> None:

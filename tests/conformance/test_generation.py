@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conformance.api import StreamResult, VllmApi
+from tests.conformance.api import StreamResult, VllmApi
 
 
 async def test_completion_has_the_openai_shape(vllm: VllmApi) -> None:

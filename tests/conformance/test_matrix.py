@@ -9,14 +9,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from conformance.api import VllmApi
-from conformance.conftest import MODEL, REAL_ENGINE_URL
 from proxy.check.client import Http
 from proxy.check.engine import Column
 from proxy.check.matrix import ROWS, Row
 from proxy.check.run import load_adapters, run_row
 from proxy.check.scenarios import RED, SKIP
 from proxy.gpu.readers import NoGpuReader
+from tests.conformance.api import VllmApi
+from tests.conformance.conftest import MODEL, REAL_ENGINE_URL
 
 GREEN = "green"
 #: What vLLM does (red: a client is misled), as the simulator's profiles reproduce it. The simulator's memory is

@@ -17,7 +17,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from conformance.api import VllmApi, engine_holds_one, still_pending
+from tests.conformance.api import VllmApi, engine_holds_one, still_pending
 
 PAUSED_BODY = (
     b'{"error":{"message":"Generation is paused. Please retry after it resumes.",'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.api import VllmApi
+from tests.conformance.api import VllmApi
 
 
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])

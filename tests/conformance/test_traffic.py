@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from lifeguard_testing import stream_under_way
 
-from conformance.api import StreamResult, VllmApi, engine_holds_one, eventually, settled_chunks, still_pending
+from tests.conformance.api import StreamResult, VllmApi, engine_holds_one, eventually, settled_chunks, still_pending
+from tests.lifeguard_testing import stream_under_way
 
 
 async def _under_way(vllm: VllmApi, result: StreamResult) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lifeguard_testing import missing
 
-from conformance.api import VllmApi
-from conformance.conftest import REAL_ENGINE_URL
+from tests.conformance.api import VllmApi
+from tests.conformance.conftest import REAL_ENGINE_URL
+from tests.lifeguard_testing import missing
 
 PROMPT_IDS = [1, 45, 74, 31]
 

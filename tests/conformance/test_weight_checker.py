@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from conformance.api import VllmApi
+from tests.conformance.api import VllmApi
 
 RELOAD = {"method": "reload_weights"}
 EMPTY = hashlib.sha256(b"").hexdigest()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.api import VllmApi
+from tests.conformance.api import VllmApi
 
 
 async def test_update_weight_version_is_reported_by_weight_info(vllm: VllmApi) -> None:

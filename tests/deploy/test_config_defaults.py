@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
-from lifeguard_testing import without_lifeguard_env
 from pydantic import SecretStr
 
 import proxy.config
 from proxy.config import Settings, SettingsError, load_settings
+from tests.lifeguard_testing import without_lifeguard_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "lifeguard.yaml"

@@ -9,36 +9,23 @@ books are tests/sim/test_gpu_memory.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from lifeguard_testing import LifeguardServer
 
 from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.config import Settings
+from scripts import gpu_check
+from tests.lifeguard_testing import LifeguardServer
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load()
 
 
 def test_judge_step_wants_the_memory_check_to_have_run() -> None:

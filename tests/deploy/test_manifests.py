@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kubectl_kustomize import build, find, pod_containers, read_kustomization
 
 from proxy.config import Settings
+from tests.deploy.kubectl_kustomize import build, find, pod_containers, read_kustomization
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

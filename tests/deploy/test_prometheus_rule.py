@@ -3,14 +3,13 @@ source, tested by promtool), and the alerts about an engine keep its `engine` la
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import yaml
-from kubectl_kustomize import build, find
+
+from scripts import prometheus_rule
+from tests.deploy.kubectl_kustomize import build, find
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "lifeguard-rules.yaml"
@@ -20,21 +19,11 @@ OVERLAY = ROOT / "deploy" / "k8s" / "overlays" / "single-gpu"
 PROXY_WIDE = {"LifeguardProxyBug"}
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("prometheus_rule", ROOT / "scripts" / "prometheus_rule.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_component_file_is_what_the_generator_writes_from_the_plain_rules() -> None:
-    generator = _generator()
-    assert (COMPONENT / "prometheusrule.yaml").read_text() == generator.render(RULES.read_text()), (
+    assert (COMPONENT / "prometheusrule.yaml").read_text() == prometheus_rule.render(RULES.read_text()), (
         "stale: run python3 scripts/prometheus_rule.py"
     )
-    assert generator.main(["--check"]) == 0
+    assert prometheus_rule.main(["--check"]) == 0
 
 
 def test_the_rendered_prometheus_rule_has_the_plain_files_groups() -> None:

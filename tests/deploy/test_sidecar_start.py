@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from lifeguard_testing import without_lifeguard_env
 
 from lifeguard_sim.app import SimSettings, create_sim_app
 from proxy.config import Settings
+from tests.lifeguard_testing import without_lifeguard_env
 
 
 @pytest.fixture(autouse=True)

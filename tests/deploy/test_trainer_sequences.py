@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from lifeguard_testing import without_lifeguard_env
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.config import Settings
 from proxy.front.route_table import RouteKind, build_table
+from tests.lifeguard_testing import without_lifeguard_env
 
 GUIDES = Path(__file__).resolve().parents[2] / "docs" / "guides"
 HTTP_TRAINERS = ["skyrl", "trl", "prime-rl", "areal", "vime"]

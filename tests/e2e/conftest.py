@@ -8,25 +8,23 @@ polling with a deadline, never a fixed sleep). The proxy listens as `vllm-lifegu
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
-from lifeguard_testing import LifeguardServer, ServeLifeguard
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.app import Lifeguard
 from proxy.config import Settings
 from proxy.engine import Engine as GuardedEngine
+from tests.chaos import chaos_checks, sim_process
+from tests.lifeguard_testing import LifeguardServer, ServeLifeguard
 
 #: Short rounds and deadlines for every proxy under test, single- or several-engine.
 TEST_TIMINGS: dict[str, Any] = {
@@ -193,17 +191,6 @@ BIG = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}
 MEDIUM = {"weights_gib": 16, "kv_gib": 20, "overhead_gib": 2, "total_gib": 80}
 
 
-def chaos_module(name: str) -> ModuleType:
-    """tests/chaos/<name>.py (no package: the chaos run imports it as a script's neighbour), imported once."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "chaos" / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @dataclass
 class EnginesStack(ProxyState):
     client: TestClient
@@ -242,11 +229,10 @@ class EnginesStack(ProxyState):
     def unexcused_violations(self) -> dict[str, list[dict[str, Any]]]:
         """Each engine's violations but those the chaos run excuses, by its own rule (`known_violation`: a request
         in transit, that reached vLLM while a pause or sleep ran or within `IN_TRANSIT_S` after it)."""
-        checks = chaos_module("chaos_checks")
         found: dict[str, list[dict[str, Any]]] = {}
         for name, path in self.journals.items():
-            journal = checks.read_journal(path, name)
-            unexcused = [v for v in journal.violations if not checks.known_violation(v, journal.pausing)]
+            journal = chaos_checks.read_journal(path, name)
+            unexcused = [v for v in journal.violations if not chaos_checks.known_violation(v, journal.pausing)]
             if unexcused:
                 found[name] = unexcused
         return found
@@ -271,7 +257,6 @@ def make_engines(
         gpu_file = tmp_path / "gpu.json"
         sims: dict[str, TestServer] = {}
         journals: dict[str, Path] = {}
-        sim_process = chaos_module("sim_process")
         for name in names:
             sim_settings = SimSettings(
                 **{

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from .conftest import Stack, raw_exchange, status_of
+from tests.e2e.conftest import Stack, raw_exchange, status_of
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 

@@ -16,7 +16,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from e2e.conftest import FAST_SIM, Stack
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.check.cli import main as check_main
@@ -26,6 +25,7 @@ from proxy.check.html import to_html
 from proxy.check.report import document, schema, to_markdown
 from proxy.check.run import Options, Report, check
 from proxy.gpu.readers import NoGpuReader
+from tests.e2e.conftest import FAST_SIM, Stack
 
 pytestmark = pytest.mark.timeout(110)
 

@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from e2e.test_cli import BIN, free_port, wait_running
+from tests.e2e.test_cli import BIN, free_port, wait_running
 
 #: The promise of docs/check.md: the matrix in under a minute against `make run`.
 MATRIX_DEADLINE_S = 60.0

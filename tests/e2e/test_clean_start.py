@@ -9,8 +9,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from .conftest import Stack
-from .test_cli import BIN, free_port, wait_running
+from tests.e2e.conftest import Stack
+from tests.e2e.test_cli import BIN, free_port, wait_running
 
 # The one warning `serve --upstream sim` means to print: the engine behind it is no vLLM.
 MEANT = re.compile(r"not a vLLM \(--upstream sim\)")

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from openai import AsyncOpenAI
 
-from e2e.conftest import EnginesStack, raw_exchange, status_of
+from tests.e2e.conftest import EnginesStack, raw_exchange, status_of
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
 

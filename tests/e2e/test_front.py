@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from lifeguard_testing import listen_overflows
 
 from proxy.app import Lifeguard
 from proxy.config import Settings
 from proxy.front.front import Front
-
-from .conftest import Stack, lifeguard_of, raw_exchange, status_of
+from tests.e2e.conftest import Stack, lifeguard_of, raw_exchange, status_of
+from tests.lifeguard_testing import listen_overflows
 
 COMPLETION = b'{"model": "tiny", "prompt": "hi", "max_tokens": 2}'
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"

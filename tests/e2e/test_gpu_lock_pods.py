@@ -25,8 +25,7 @@ from aiohttp.test_utils import TestServer
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine as SimEngine
 from proxy.observe.status_cli import render
-
-from .conftest import BIG, FAST_SIM, GIB, MEDIUM
+from tests.e2e.conftest import BIG, FAST_SIM, GIB, MEDIUM
 
 BIN = Path(sys.executable).with_name("vllm-lifeguard")
 TIMEOUT = aiohttp.ClientTimeout(total=40)

@@ -17,8 +17,7 @@ import pytest
 
 from lifeguard_sim.app import SimSettings
 from lifeguard_sim.keys import LIVE_REQUESTS
-
-from .conftest import Stack
+from tests.e2e.conftest import Stack
 
 SLOW_TOKENS = SimSettings(token_seconds=0.05, sleep_seconds=0.01, wake_seconds=0.01)
 

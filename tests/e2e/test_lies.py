@@ -17,8 +17,7 @@ from typing import Any
 from aiohttp import ClientResponse, ClientTimeout
 
 from lifeguard_sim.app import SimSettings
-
-from .conftest import FAST_SIM, Stack
+from tests.e2e.conftest import FAST_SIM, Stack
 
 
 async def _error(resp: ClientResponse) -> dict[str, Any]:

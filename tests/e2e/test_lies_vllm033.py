@@ -18,8 +18,7 @@ from aiohttp import ClientTimeout
 
 from lifeguard_sim.app import SimSettings
 from proxy.upstream.refusals import Refusal, RefusalKind, response_refusal, stream_refusal
-
-from .conftest import FAST_SIM, Stack
+from tests.e2e.conftest import FAST_SIM, Stack
 
 LORA_SIM = SimSettings(**{**FAST_SIM.__dict__, "enable_lora": True})
 CANARY = {"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "logprobs": 1}

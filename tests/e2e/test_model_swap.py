@@ -11,10 +11,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import GIB, MEDIUM, EnginesStack, held_until
 from lifeguard_sim.engine import Engine
 from proxy.lifecycle.calls import LifecycleCall
 from proxy.lifecycle.outcome import Outcome
+from tests.e2e.conftest import GIB, MEDIUM, EnginesStack, held_until
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
 TOTAL = 80 * GIB
@@ -490,9 +490,9 @@ async def test_a_request_held_while_its_engine_started_wakes_it_once_it_is_found
     found asleep, and nothing asked for its wake: the request waited out its whole hold deadline (300 s by
     default; the CLI test of two engines from a config file hung in CI on it). Made certain here: b's vLLM
     is not up yet when the request arrives, and comes up asleep."""
-    from e2e.conftest import BIG, FAST_SIM, TEST_TIMINGS
     from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
     from proxy.config import Settings
+    from tests.e2e.conftest import BIG, FAST_SIM, TEST_TIMINGS
 
     gpu_file = tmp_path / "gpu.json"
 

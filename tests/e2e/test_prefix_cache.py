@@ -20,8 +20,7 @@ from aiohttp import ClientTimeout
 
 from lifeguard_sim.app import SimSettings
 from lifeguard_sim.textgen import Quality, TokenStream
-
-from .conftest import FAST_SIM, Stack
+from tests.e2e.conftest import FAST_SIM, Stack
 
 # 12 words a block of 16 tokens or more: the prompt's first blocks are cached by its first answer.
 PREFIX = "You are a careful assistant. Answer each question in one short sentence, and no more. " * 3

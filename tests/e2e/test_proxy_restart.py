@@ -14,8 +14,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from lifeguard_sim.app import SimSettings
-
-from .conftest import Stack
+from tests.e2e.conftest import Stack
 
 
 async def _restarted(stack: Stack, serve_lifeguard: Any) -> TestClient[Any, Any]:

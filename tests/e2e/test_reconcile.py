@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from .conftest import Stack
+from tests.e2e.conftest import Stack
 
 
 async def _engine(stack: Stack, aiohttp_client: Any) -> TestClient:

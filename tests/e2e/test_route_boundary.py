@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from lifeguard_sim.app import SimSettings
-
-from .conftest import FAST_SIM, Stack, raw_exchange, status_of
+from tests.e2e.conftest import FAST_SIM, Stack, raw_exchange, status_of
 
 TOKEN = "s3cret-admin-token"
 LORA = {"lora_name": "a", "lora_path": "/models/lora-a"}

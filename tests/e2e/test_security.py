@@ -23,9 +23,8 @@ from pydantic import SecretStr
 
 from proxy.config import Settings
 from proxy.front.route_table import VLLM_ROUTES, RouteKind
-
-from .conftest import Stack
-from .test_startup_errors import free_port, line_with, port_in_use, run, serving
+from tests.e2e.conftest import Stack
+from tests.e2e.test_startup_errors import free_port, line_with, port_in_use, run, serving
 
 TOKEN = "s3cret-admin-token-4f9a"
 INFERENCE_KEY = "sk-user-key-77c1"

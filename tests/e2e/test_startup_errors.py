@@ -19,8 +19,7 @@ import aiohttp
 import pytest
 
 from proxy.config import Settings
-
-from .test_cli import BIN, free_port, wait_running
+from tests.e2e.test_cli import BIN, free_port, wait_running
 
 #: What a sentence never holds: a traceback, a library's repr, pydantic's dump or its link.
 DUMPS = ("Traceback", "object at 0x", "errors.pydantic.dev", "input_value=")

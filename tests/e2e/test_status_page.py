@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from .conftest import EnginesStack, Stack
+from tests.e2e.conftest import EnginesStack, Stack
 
 TOKEN = "s3cret-admin-token-4f9a"
 BIN = Path(sys.executable).with_name("vllm-lifeguard")

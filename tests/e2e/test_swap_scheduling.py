@@ -11,7 +11,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from e2e.conftest import GIB, EnginesStack
+from tests.e2e.conftest import GIB, EnginesStack
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]
 TOTAL = 80 * GIB

@@ -12,8 +12,7 @@ from typing import Any
 from aiohttp import ClientResponse
 
 from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS
-
-from .conftest import Stack
+from tests.e2e.conftest import Stack
 
 RELOAD = {"method": "reload_weights"}
 

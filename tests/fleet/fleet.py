@@ -34,6 +34,8 @@ from typing import Any
 
 import aiohttp
 
+from tests.lifeguard_testing import start_process_group, stop_process_group
+
 POLL_S = 0.05
 MODEL = "tiny"
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "temperature": 0}
@@ -52,9 +54,6 @@ class Proc:
     def __init__(self, name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
-        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` starts nothing.
-        from lifeguard_testing import start_process_group
-
         self.popen = start_process_group(argv, self.log_path, env or {}, header=f"==== {' '.join(argv)}")
 
     def alive(self) -> bool:
@@ -67,9 +66,6 @@ class Proc:
             return "(no log)"
 
     def stop(self, timeout: float = 10.0) -> None:
-        # Imported here: under pytest tests/ is on sys.path; `python tests/fleet/fleet.py REPORT` stops nothing.
-        from lifeguard_testing import stop_process_group
-
         stop_process_group(self.popen, timeout)
 
 
@@ -461,7 +457,7 @@ def write_report(runs: list[dict[str, Any]], title: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python tests/fleet/fleet.py REPORT`: the tables of the runs in a LIFEGUARD_FLEET_REPORT file."""
+    """`python -m tests.fleet.fleet REPORT`: the tables of the runs in a LIFEGUARD_FLEET_REPORT file."""
     for line in Path(argv[0]).read_text().splitlines():
         if line.strip():
             entry = json.loads(line)

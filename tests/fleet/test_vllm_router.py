@@ -9,16 +9,14 @@ Run by `make test-fleet` (scripts/test-fleet.sh installs vllm-router and names i
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from lifeguard_testing import missing
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fleet import Fleet, assert_serving_takes_the_sleeper_out, run_cycles, write_report  # noqa: E402
+from tests.fleet.fleet import Fleet, assert_serving_takes_the_sleeper_out, run_cycles, write_report
+from tests.lifeguard_testing import missing
 
 pytestmark = [pytest.mark.fleet, pytest.mark.timeout(240)]
 

@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from image_helpers import Client, completion_body, free_port, inspect, podman, report, required_env, wait_for
+
+from tests.image.image_helpers import (
+    Client,
+    completion_body,
+    free_port,
+    inspect,
+    podman,
+    report,
+    required_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import yaml
-from image_helpers import Client, completion_body, inspect, podman, report, required_env, wait_for
-from podman_kube import drop_container_ports, expand_dependent_env, for_podman, pod_spec
+
+from tests.image.image_helpers import Client, completion_body, inspect, podman, report, required_env, wait_for
+from tests.image.podman_kube import drop_container_ports, expand_dependent_env, for_podman, pod_spec
 
 pytestmark = pytest.mark.timeout(300)
 POD = "vllm-pod-0"  # podman names the pod of Deployment "vllm" like this

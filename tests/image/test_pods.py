@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
-from image_helpers import Client, inspect, podman, report, required_env, wait_for
-from podman_kube import for_podman
+
+from tests.image.image_helpers import Client, inspect, podman, report, required_env, wait_for
+from tests.image.podman_kube import for_podman
 
 pytestmark = pytest.mark.timeout(300)
 ROLES = ("policy", "judge")

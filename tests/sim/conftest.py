@@ -8,10 +8,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conformance.api import VllmApi
 
 from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
+from tests.conformance.api import VllmApi
 
 FAST = SimSettings(token_seconds=0.002, sleep_seconds=0.01, wake_seconds=0.01, watchdog_seconds=0.2)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from conformance.api import StreamResult, eventually
 
-from sim.conftest import Sim
+from tests.conformance.api import StreamResult, eventually
+from tests.sim.conftest import Sim
 
 
 async def test_counters_count_every_call_per_operation(sim: Sim) -> None:

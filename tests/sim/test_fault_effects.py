@@ -9,10 +9,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conformance.api import eventually, still_pending
 
 from lifeguard_sim.errors import OOM_MESSAGE
-from sim.conftest import Sim, SimFactory
+from tests.conformance.api import eventually, still_pending
+from tests.sim.conftest import Sim, SimFactory
 
 GIB = 1 << 30
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.conftest import SimFactory
+from tests.sim.conftest import SimFactory
 
 GIB = 1 << 30
 AWAKE, ASLEEP = 58 * GIB, 2 * GIB  # 16 weights + 40 KV + 2 overhead

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.conftest import Sim, SimFactory
+from tests.sim.conftest import Sim, SimFactory
 
 GIB = 1 << 30
 SIZES = {"weights_gib": 16, "kv_gib": 32, "overhead_gib": 2, "total_gib": 80}  # awake 50, asleep 2

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from conformance.api import eventually
-
-from sim.conftest import Sim, SimFactory
+from tests.conformance.api import eventually
+from tests.sim.conftest import Sim, SimFactory
 
 
 def _kinds(sim: Sim) -> list[str]:

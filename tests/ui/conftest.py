@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from e2e.conftest import make_engines, make_stack
+
+from tests.e2e.conftest import make_engines, make_stack
 
 __all__ = ["make_engines", "make_stack"]  # fixtures, shared with tests/e2e
 

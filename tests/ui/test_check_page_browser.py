@@ -8,13 +8,11 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from e2e.conftest import Stack
-
 from proxy.check.html import to_html
 from proxy.check.report import document
 from proxy.check.run import Options, check
-
-from .chromium import chromium
+from tests.e2e.conftest import Stack
+from tests.ui.chromium import chromium
 
 
 async def test_the_check_page_shows_the_matrix_and_each_cells_evidence_on_click(

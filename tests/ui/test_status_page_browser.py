@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
-from e2e.test_cli import BIN, free_port, wait_running
 
-from .chromium import Page, chromium
+from tests.e2e.conftest import MEDIUM, EnginesStack, Stack, held_until
+from tests.e2e.test_cli import BIN, free_port, wait_running
+from tests.ui.chromium import Page, chromium
 
 TOKEN = "s3cret-admin-token-4f9a"
 GIB = 1 << 30

@@ -23,14 +23,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from lifeguard_testing import missing, start_process_group, stop_process_group
 from openai import AsyncOpenAI
-from vllm_e2e import load_file_module
+
+from scripts.vllm import vllm_server as vllm_server_mod  # `vllm_server` is the session's fixture below
+from tests.lifeguard_testing import missing, start_process_group, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 STREAM_READ_BUFSIZE = 64 * 2**20  # the session fixture's read buffer (see there)
 
-vllm_server_mod = load_file_module("lifeguard_vllm_server", REPO / "scripts/vllm/vllm_server.py")
 VllmServer = vllm_server_mod.VllmServer
 free_port = vllm_server_mod.free_port
 

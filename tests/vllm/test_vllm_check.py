@@ -11,10 +11,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conformance.test_matrix import VLLM_CPU_DIFFERS, VLLM_DOES
-from conftest import Proxy, lifeguard_bin
 
 from proxy.check.report import schema
+from tests.conformance.test_matrix import VLLM_CPU_DIFFERS, VLLM_DOES
+from tests.vllm.conftest import Proxy, lifeguard_bin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

@@ -28,23 +28,21 @@ from typing import Any
 
 import aiohttp
 import pytest
-import vllm_e2e
-from lifeguard_testing import missing
-from vllm_e2e import (
+
+from tests.clients import stand_ins
+from tests.lifeguard_testing import missing
+from tests.vllm import vllm_e2e
+from tests.vllm.vllm_e2e import (
     GREEDY,
     MODEL,
     PROMPT_IDS,
     engine_never_saw_it,
     lg_state,
-    load_file_module,
     skyrl_client,
     vllm_flags,
     wait_held,
     wait_state,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-stand_ins = load_file_module("lifeguard_client_stand_ins", REPO / "tests/clients/stand_ins.py")
 
 pytestmark = [
     pytest.mark.vllm,

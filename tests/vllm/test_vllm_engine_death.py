@@ -9,7 +9,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import (
+
+from tests.vllm.vllm_e2e import (
     StreamReader,
     assert_proxy_error,
     lg_state,

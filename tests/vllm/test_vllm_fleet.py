@@ -14,11 +14,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import REPO, reset_vllm
-from lifeguard_testing import missing
-from vllm_e2e import load_file_module, metrics, sleep_ops
 
-fleet_mod = load_file_module("lifeguard_fleet", REPO / "tests/fleet/fleet.py")
+from tests.fleet import fleet as fleet_mod  # `fleet` is the run's Fleet below
+from tests.lifeguard_testing import missing
+from tests.vllm.conftest import reset_vllm
+from tests.vllm.vllm_e2e import metrics, sleep_ops
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from lifeguard_testing import listen_overflows
 from openai import AsyncOpenAI
-from vllm_e2e import (
+
+from tests.lifeguard_testing import listen_overflows
+from tests.vllm.vllm_e2e import (
     LONG,
     MODEL,
     get_json,

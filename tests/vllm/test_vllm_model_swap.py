@@ -35,9 +35,10 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from conftest import Proxy, free_port, reset_vllm, vllm_server_mod
-from lifeguard_testing import missing
-from vllm_e2e import get_json, metric, metrics, parse_metrics, post, sleep_ops
+
+from tests.lifeguard_testing import missing
+from tests.vllm.conftest import Proxy, free_port, reset_vllm, vllm_server_mod
+from tests.vllm.vllm_e2e import get_json, metric, metrics, parse_metrics, post, sleep_ops
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import (
+
+from tests.vllm.vllm_e2e import (
     LONG,
     MODEL,
     StreamReader,

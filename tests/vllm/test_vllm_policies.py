@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
-from vllm_e2e import MODEL, lg_state, metrics, post, sleep_ops, vllm_flags
+
+from tests.vllm.vllm_e2e import MODEL, lg_state, metrics, post, sleep_ops, vllm_flags
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import reset_vllm
-from vllm_e2e import MODEL, StreamReader, get_json, lg_state, long_stream_body, post, under_way, wait_until
+
+from tests.vllm.conftest import reset_vllm
+from tests.vllm.vllm_e2e import MODEL, StreamReader, get_json, lg_state, long_stream_body, post, under_way, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

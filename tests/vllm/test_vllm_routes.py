@@ -17,10 +17,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import lg_state
 
 from proxy.front.route_table import RouteKind, build_table
 from proxy.front.target import canonical_target
+from tests.vllm.vllm_e2e import lg_state
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

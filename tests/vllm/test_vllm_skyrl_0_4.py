@@ -26,7 +26,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import (
+
+from tests.clients import stand_ins
+from tests.vllm.vllm_e2e import (
     engine_never_saw_it,
     lg_state,
     skyrl_client,
@@ -36,10 +38,6 @@ from vllm_e2e import (
     wait_state,
     wait_until,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # tests/clients as the package `clients`, as in its own suite
-from clients import stand_ins  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -62,7 +60,7 @@ def site() -> Path:
 @pytest.fixture
 def side(site: Path) -> Any:
     with stand_ins.modules_restored():
-        from clients.skyrl_trainer import skyrl_trainer_side
+        from tests.clients.skyrl_trainer import skyrl_trainer_side
 
         yield skyrl_trainer_side(site)
 
@@ -97,7 +95,7 @@ class ReloadFromCheckpoint:
 def driver(
     side: Any, skyrl: Any, url: str, *, colocate_all: bool, go: threading.Event | None = None
 ) -> tuple[Any, Any, ReloadFromCheckpoint]:
-    from clients.skyrl_trainer import PolicyActorGroup, config
+    from tests.clients.skyrl_trainer import PolicyActorGroup, config
 
     def client() -> Any:
         return skyrl_client(skyrl, url)

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
-from vllm_e2e import (
+
+from tests.vllm.vllm_e2e import (
     MODEL,
     assert_proxy_error,
     engine_never_saw_it,

@@ -30,8 +30,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import REPO, Proxy, free_port, vllm_server_mod
-from vllm_e2e import MODEL, engine_never_saw_it, lg_state, post, wait_held, wait_until
+
+from tests.vllm.conftest import REPO, Proxy, free_port, vllm_server_mod
+from tests.vllm.vllm_e2e import MODEL, engine_never_saw_it, lg_state, post, wait_held, wait_until
 
 pytestmark = [pytest.mark.vllm]
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from vllm_e2e import assert_proxy_error, lg_state, metrics, post, sleep_ops, vllm_flags, weight_ops
+
+from tests.vllm.vllm_e2e import assert_proxy_error, lg_state, metrics, post, sleep_ops, vllm_flags, weight_ops
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from lifeguard_testing import stream_under_way
 
-
-def load_file_module(name: str, path: Path) -> ModuleType:
-    """Import a repository file that is no package module (scripts/, tests/clients/) under `name`."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.lifeguard_testing import stream_under_way
 
 MODEL = "tiny"  # --served-model-name of the session's vLLM
 # max_tokens of a "long" stream: ~35 s at the ~300-370 tokens/s the tiny model makes on its core (max-model-len

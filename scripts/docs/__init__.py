@@ -1,0 +1,1 @@
+"""`make docs` (`python -m scripts.docs.reference`) and what the docs are checked against (`facts`)."""
