@@ -27,6 +27,12 @@ BIN=${VENV:-.venv}/bin
 t0=$SECONDS
 log() { echo "[test-vllm $(date +%T)] $*" >&2; }
 
+# The conformance suite against the real vLLM is half of this group: none to run is a failure, never a skip.
+if ! compgen -G "tests/conformance/test_*.py" >/dev/null; then
+  log "tests/conformance has no test_*.py: nothing to run against the real vLLM (a failure, not a skip)"
+  exit 1
+fi
+
 setup_env=$(bash scripts/vllm/setup-vllm.sh) || { log "setup-vllm.sh failed"; exit 1; }
 eval "$setup_env"
 export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
@@ -88,48 +94,43 @@ fi
 t_skyrl04=$((SECONDS - t3))
 
 rc_conf=0
-t_conf=0
-if compgen -G "tests/conformance/test_*.py" >/dev/null; then
-  log "tests/conformance against a real vLLM (with --enable-lora and a LoRA adapter of the tiny model)"
-  t2=$SECONDS
-  out=$LIFEGUARD_VLLM_LOG_DIR/conformance-launcher.out
-  lora=$LIFEGUARD_VLLM_LOG_DIR/tiny-lora
-  if ! "$LIFEGUARD_VLLM_PYTHON" scripts/vllm/make_tiny_lora.py "$LIFEGUARD_VLLM_MODEL" "$lora" >&2; then
-    log "building the tiny model's LoRA adapter failed"
-    rc_conf=1
-  fi
-  "$BIN/python" scripts/vllm/vllm_server.py --enable-lora --log "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >"$out" &
-  launcher=$!
-  stop_launcher() {
-    if kill -0 "$launcher" 2>/dev/null; then
-      kill -TERM "$launcher"
-      wait "$launcher" 2>/dev/null
-    fi
-  }
-  trap stop_launcher EXIT
-  url=
-  deadline=$((SECONDS + 300))
-  while [[ -z $url ]]; do
-    url=$(sed -n 's/^CONFORMANCE_ENGINE_URL=//p' "$out")
-    [[ -n $url ]] && break
-    if ! kill -0 "$launcher" 2>/dev/null || ((SECONDS > deadline)); then
-      log "vLLM for the conformance suite did not come up"
-      tail -30 "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >&2
-      rc_conf=1
-      break
-    fi
-    sleep 0.5
-  done
-  if [[ -n $url && $rc_conf == 0 ]]; then
-    CONFORMANCE_ENGINE_URL=$url CONFORMANCE_LORA_PATH=$lora "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
-    rc_conf=$?
-  fi
-  stop_launcher
-  trap - EXIT
-  t_conf=$((SECONDS - t2))
-else
-  log "tests/conformance has no tests yet: skipped"
+log "tests/conformance against a real vLLM (with --enable-lora and a LoRA adapter of the tiny model)"
+t2=$SECONDS
+out=$LIFEGUARD_VLLM_LOG_DIR/conformance-launcher.out
+lora=$LIFEGUARD_VLLM_LOG_DIR/tiny-lora
+if ! "$LIFEGUARD_VLLM_PYTHON" scripts/vllm/make_tiny_lora.py "$LIFEGUARD_VLLM_MODEL" "$lora" >&2; then
+  log "building the tiny model's LoRA adapter failed"
+  rc_conf=1
 fi
+"$BIN/python" scripts/vllm/vllm_server.py --enable-lora --log "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >"$out" &
+launcher=$!
+stop_launcher() {
+  if kill -0 "$launcher" 2>/dev/null; then
+    kill -TERM "$launcher"
+    wait "$launcher" 2>/dev/null
+  fi
+}
+trap stop_launcher EXIT
+url=
+deadline=$((SECONDS + 300))
+while [[ -z $url ]]; do
+  url=$(sed -n 's/^CONFORMANCE_ENGINE_URL=//p' "$out")
+  [[ -n $url ]] && break
+  if ! kill -0 "$launcher" 2>/dev/null || ((SECONDS > deadline)); then
+    log "vLLM for the conformance suite did not come up"
+    tail -30 "$LIFEGUARD_VLLM_LOG_DIR/vllm-conformance.log" >&2
+    rc_conf=1
+    break
+  fi
+  sleep 0.5
+done
+if [[ -n $url && $rc_conf == 0 ]]; then
+  CONFORMANCE_ENGINE_URL=$url CONFORMANCE_LORA_PATH=$lora "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
+  rc_conf=$?
+fi
+stop_launcher
+trap - EXIT
+t_conf=$((SECONDS - t2))
 
 [[ -s $LIFEGUARD_FLEET_REPORT ]] && "$BIN/python" tests/fleet/fleet.py "$LIFEGUARD_FLEET_REPORT" >&2
 log "setup ${t_setup}s, tests/vllm ${t_e2e}s (rc=$rc_e2e), SkyRL 0.4.0 ${t_skyrl04}s (rc=$rc_skyrl04)," \
