@@ -27,9 +27,7 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -40,7 +38,7 @@ import aiohttp
 from chaos_actors import SimSupervisor, Tally, _sleep_unless, client, lifecycle_call, proxy_state
 from chaos_checks import BAD_INFERENCE, Call, known_violation, read_journal, untruthful
 from chaos_proxy import ProxySupervisor
-from chaos_run import fetch_text, free_port, metric_sum, proxy_command, wait_until
+from chaos_run import fetch_text, free_port, metric_sum, proxy_command, run_in_workdir, wait_until
 from soak_checks import MIB, Resources, after_warmup, fd_growth, flat, read_resources, rss_growth
 
 # A healthy stack: a request waits at most for one cycle of the trainer's (a few seconds); past this it hung.
@@ -301,12 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         # The open descriptors move with the connections open at the moment (8 clients: 26-33); many looks keep
         # the noise of a short run's fit (its standard error) well under the bound.
         args.sample_every = 0.25 if args.duration <= 600 else 1.0
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lifeguard-soak-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    rc = asyncio.run(run(args, workdir))
-    if rc == 0 and not args.keep and not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return rc
+    return run_in_workdir(args, "lifeguard-soak-", run)
 
 
 if __name__ == "__main__":
