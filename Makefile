@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods bench docs clean
+.PHONY: setup run sim test lint test-vllm test-vllm-routes test-deploy test-clients test-image test-observability test-ui test-fleet chaos chaos-engines chaos-pods soak bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -62,6 +62,10 @@ chaos-engines: setup  ## the bounded chaos run of two engines on one GPU (110 s)
 
 chaos-pods: setup  ## the bounded chaos run of 3 pods (a proxy each) on one GPU, one gpu_lock_dir, proxy restarts (110 s)
 	bash scripts/chaos.sh --pods 3 --quick $(CHAOS_ARGS)
+
+SOAK_S ?= 120
+soak: setup  ## proxy + simulator processes under mixed load and a trainer's loop for SOAK_S s (120; 3600: an hour): nothing lost, every lifecycle 200 true, RSS and fds flat
+	$(BIN)/python -m tests.chaos.soak_run --duration $(SOAK_S)
 
 bench: setup  ## the performance table against nginx, Envoy, vllm-router and a real vLLM-for-CPU, and its charts (docs/performance.md)
 	bash scripts/bench.sh --vllm

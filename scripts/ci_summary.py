@@ -1,10 +1,13 @@
 """The end of `.ci/run`: per group, how many tests ran, passed, failed, skipped and were rerun, from the JUnit XML
 and the reruns each pytest run of the group recorded (tests/conftest.py, LIFEGUARD_CI_RECORD); every rerun with
-its test and its first failure's reason. Exits non-zero when a group failed, when a group of tests ran none, or
-when a test skipped in CI and passed in no group, unless its reason is one of ALLOWED_SKIPS (a skip there is a
-component CI failed to install, or coverage gone).
+its test and its first failure's reason. Exits non-zero when a group failed, when a group of tests ran none, when
+a test skipped in CI and passed in no group, unless its reason is one of ALLOWED_SKIPS (a skip there is a
+component CI failed to install, or coverage gone), or when a test some group collected was run by no group (the
+collected-*.txt and selected-*.txt that tests/ci_rules.py records: a test no group's paths and markers select never
+runs, and no JUnit XML shows it).
 
-Usage: python scripts/ci_summary.py RECORD_DIR   (RECORD_DIR/NN/{name,kind,rc,*.xml,reruns.jsonl}, one per group)
+Usage: python scripts/ci_summary.py RECORD_DIR
+  (RECORD_DIR/NN/{name,kind,rc,*.xml,reruns.jsonl,collected-*.txt,selected-*.txt}, one folder per group)
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Group:
     skipped: dict[str, str] = field(default_factory=dict)  # test id -> reason
     passed: set[str] = field(default_factory=set)
     reruns: list[dict[str, str]] = field(default_factory=list)
+    collected: set[str] = field(default_factory=set)  # pytest node ids, before markers and -k chose
+    selected: set[str] = field(default_factory=set)  # those its runs went on to run
 
 
 def read_group(folder: Path) -> Group:
@@ -59,10 +64,19 @@ def read_group(folder: Path) -> Group:
             else:
                 group.counts["passed"] += 1
                 group.passed.add(test)
+    for kind, ids in (("collected", group.collected), ("selected", group.selected)):
+        for listing in folder.glob(f"{kind}-*.txt"):
+            ids.update(line for line in listing.read_text().splitlines() if line)
     reruns = folder / "reruns.jsonl"
     if reruns.exists():
         group.reruns = [json.loads(line) for line in reruns.read_text().splitlines() if line.strip()]
     return group
+
+
+def unselected(groups: list[Group]) -> list[str]:
+    """The tests some group collected and no group ran."""
+    selected = set().union(*(g.selected for g in groups)) if groups else set()
+    return sorted(set().union(*(g.collected for g in groups)) - selected) if groups else []
 
 
 def allowed(reason: str) -> bool:
@@ -93,6 +107,9 @@ def main(record: Path) -> int:
             # Judged only on a run that reached its end: a group that failed stopped the ones that would pass it.
             if complete and test not in passed_anywhere and not allowed(reason):
                 problems.append(f"group '{g.name}': {test} skipped and passed in no group: {reason}")
+    if complete:
+        problems.extend(f"{test} is run by no group (collected, and left out by every group's paths and markers)"
+                        for test in unselected(groups))  # fmt: skip
     for g in groups:
         for rerun in g.reruns:
             print(f"RERUN in '{g.name}': {rerun['test']}: first failure: {rerun['reason'].splitlines()[0]}")

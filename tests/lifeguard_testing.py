@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
+import struct
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -134,10 +136,47 @@ def stop_process_group(process: subprocess.Popen[Any], timeout: float) -> None:
         process.wait(5)
 
 
-def listen_overflows() -> int:
-    """The kernel's count of connects a full accept queue turned away (TcpExt ListenOverflows), machine-wide."""
-    lines = Path("/proc/net/netstat").read_text().splitlines()
-    for names, values in zip(lines[::2], lines[1::2], strict=True):
-        if names.startswith("TcpExt:"):
-            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
-    raise AssertionError("no TcpExt line in /proc/net/netstat")
+# The kernel's socket diagnostics over netlink (linux/sock_diag.h, linux/inet_diag.h): SOCK_DIAG_BY_FAMILY, a dump
+# of the TCP sockets in LISTEN with their memory info (INET_DIAG_SKMEMINFO), whose SK_MEMINFO_DROPS is the socket's
+# own sk_drops. A listener's sk_drops counts every connect it turned away (tcp_listendrop: a full accept queue, also
+# a full SYN queue), what TcpExt ListenOverflows counts for the whole machine: `ss -ltnm` shows it as skmem's `d`.
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR = 4, 20, 3, 2
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_TCP_LISTEN, _INET_DIAG_SKMEMINFO, _SK_MEMINFO_DROPS = 10, 7, 8
+_INET_DIAG_MSG = struct.Struct("=BBBBHH16s16sIQIIIII")  # 72 bytes: family, .., sport, dport (big-endian), .., inode
+
+
+def listen_drops(port: int) -> int:
+    """How many connects the TCP listener on `port` (IPv4) has turned away, as the kernel counts them for that
+    socket alone: a count other processes on the machine cannot move."""
+    request = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 1 << (_INET_DIAG_SKMEMINFO - 1), 0,
+                          1 << _TCP_LISTEN) + bytes(48)  # fmt: skip
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+    found: list[int] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as diag:
+        diag.sendall(header + request)
+        while True:
+            data, offset = diag.recv(1 << 16), 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind == _NLMSG_DONE:
+                    if len(found) != 1:
+                        raise AssertionError(f"{len(found)} TCP listeners on port {port}, not one")
+                    return found[0]
+                if kind == _NLMSG_ERROR:
+                    errno = -struct.unpack_from("=i", data, offset + 16)[0]
+                    raise AssertionError(f"sock_diag refused the dump: errno {errno}")
+                message = data[offset + 16 : offset + length]
+                if struct.unpack_from(">H", message, 4)[0] == port:
+                    found.append(_skmem_drops(message[_INET_DIAG_MSG.size :]))
+                offset += (length + 3) & ~3
+
+
+def _skmem_drops(attributes: bytes) -> int:
+    offset = 0
+    while offset + 4 <= len(attributes):
+        length, kind = struct.unpack_from("=HH", attributes, offset)
+        if kind == _INET_DIAG_SKMEMINFO:
+            return int(struct.unpack_from("=I", attributes, offset + 4 + 4 * _SK_MEMINFO_DROPS)[0])
+        offset += (length + 3) & ~3
+    raise AssertionError("the kernel sent no memory info (INET_DIAG_SKMEMINFO) for the listener")

@@ -167,9 +167,11 @@ def read_journal(path: Path, engine: str = "") -> Journal:
     return Journal(timeline, violations, fired, deaths, starts, pausing, memory, ooms, wakes)
 
 
-def states_during(timeline: list[tuple[float, dict[str, Any]]], start: float, end: float) -> list[dict[str, Any]]:
-    """The engine states in effect at some moment of [start, end]."""
-    times = [t for t, _ in timeline]
+def states_during(timeline: list[tuple[float, dict[str, Any]]], start: float, end: float,
+                  times: list[float] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The engine states in effect at some moment of [start, end]; `times`: the timeline's, when the caller asks
+    for many windows of one timeline (an hour's soak has tens of thousands)."""
+    times = times if times is not None else [t for t, _ in timeline]
     first = max(bisect.bisect_right(times, start) - 1, 0)
     last = bisect.bisect_right(times, end)
     return [s for _, s in timeline[first:last]]
@@ -225,11 +227,12 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
     their window supports)."""
     checked = 0
     bad: list[tuple[Call, str]] = []
+    times = [t for t, _ in timeline]
     for call in calls:
         if call.kind == "inference" or call.status != 200:
             continue
         checked += 1
-        window = states_during(timeline, call.t_send, call.t_end)
+        window = states_during(timeline, call.t_send, call.t_end, times)
         if not any(claim_holds(call, s) for s in window):
             shown = [{k: s[k] for k in ("executor_tags", "paused", "weight_update_active", "dead")} for s in window]
             at = time.strftime("%H:%M:%S", time.gmtime(call.t_send)) + f".{int(call.t_send % 1 * 1000):03d}Z"

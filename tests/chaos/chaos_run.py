@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -735,7 +736,14 @@ def main(argv: list[str] | None = None) -> int:
         # Two engines on one GPU: each is swapped out (or failed, and nothing can be woken beside it) much of
         # the time, and 75 s did not see every fault kind fire on each (seeds 7 and 11, 2026-12-03).
         args.duration = float(os.environ.get("CHAOS_DURATION", 110 if max(args.engines, args.pods) > 1 else 75))
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lifeguard-chaos-"))
+    return run_in_workdir(args, "lifeguard-chaos-", run)
+
+
+def run_in_workdir(
+    args: argparse.Namespace, prefix: str, run: Callable[[argparse.Namespace, Path], Awaitable[int]]
+) -> int:
+    """`run(args, workdir)` in --workdir, or a fresh temporary folder that a pass removes unless --keep."""
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=prefix))
     workdir.mkdir(parents=True, exist_ok=True)
     rc = asyncio.run(run(args, workdir))
     if rc == 0 and not args.keep and not args.workdir:

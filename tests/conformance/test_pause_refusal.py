@@ -17,7 +17,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.conformance.api import VllmApi, engine_holds_one, still_pending
+from tests.conformance.api import Answer, VllmApi, engine_holds_one, still_pending
 
 PAUSED_BODY = (
     b'{"error":{"message":"Generation is paused. Please retry after it resumes.",'
@@ -48,11 +48,14 @@ def _chat(vllm: VllmApi, **extra: object) -> dict[str, object]:
     return {"model": vllm.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
 
 
-async def _served_after_resume(vllm: VllmApi, request: asyncio.Task[object]) -> None:
+async def _served_after_resume(vllm: VllmApi, request: asyncio.Task[Answer]) -> None:
+    """Queued by the paused engine, and answered with a completion once it resumes (not an error it ended with)."""
     await engine_holds_one(vllm)
     assert await still_pending(request)
     assert (await vllm.post("/resume")).status == 200
-    await asyncio.wait_for(request, 30)
+    answer = await asyncio.wait_for(request, 30)
+    assert answer.status == 200, answer.text
+    assert answer.body["choices"][0]["finish_reason"] in ("length", "stop"), answer.body  # generated, not aborted
 
 
 @pytest.mark.parametrize("mode", ["abort", "wait"])

@@ -152,9 +152,10 @@ async def test_a_loaded_adapter_is_servable_by_name_until_unloaded(vllm: VllmApi
 async def test_an_adapter_still_listed_after_a_sleep_and_a_wake_answers_as_before(
     vllm: VllmApi, lora_path: str
 ) -> None:
-    """What the LoRA check after a wake relies on (proxy/lifecycle/verifier.py): /v1/models lists an adapter only while
-    it is applied. Listed after a level-1 sleep and a wake, it answers as it did before the sleep (not as the base
-    model); lost, it is not listed."""
+    """What the LoRA check after a wake relies on (proxy/lifecycle/verifier.py): an adapter listed by /v1/models after a
+    level-1 sleep and a wake answers as it did before the sleep (not as the base model). A healthy engine keeps it
+    through the cycle, and so must this one: a scenario that accepted the adapter gone would assert nothing at all.
+    (The adapter lost in a wake, vLLM #53888, is the simulator's `lose-lora` fault: tests/e2e/test_lies_vllm033.py.)"""
     adapter = {"lora_name": "conf-w", "lora_path": lora_path}
     assert (await vllm.call("POST", "/v1/load_lora_adapter", json_body=adapter)).status == 200
 
@@ -170,8 +171,8 @@ async def test_an_adapter_still_listed_after_a_sleep_and_a_wake_answers_as_befor
         assert (await vllm.sleep(1)).status == 200
         assert (await vllm.wake()).status == 200
         listed = [card["id"] for card in (await vllm.get("/v1/models")).body["data"]]
-        if "conf-w" in listed:
-            assert await tokens("conf-w") == before
+        assert "conf-w" in listed, listed
+        assert await tokens("conf-w") == before
     finally:
         await vllm.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": "conf-w"})
 

@@ -16,7 +16,7 @@ from proxy.app import Lifeguard
 from proxy.config import Settings
 from proxy.front.front import Front
 from tests.e2e.conftest import Stack, lifeguard_of, raw_exchange, status_of
-from tests.lifeguard_testing import listen_overflows
+from tests.lifeguard_testing import listen_drops
 
 COMPLETION = b'{"model": "tiny", "prompt": "hi", "max_tokens": 2}'
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
@@ -513,12 +513,12 @@ async def test_a_burst_of_connections_larger_than_the_listen_backlog_is_all_answ
     lifeguard = Lifeguard(Settings(upstream=str(upstream.make_url("")).rstrip("/"), gpu_probe="none"))
     await lifeguard.start("127.0.0.1", 0, backlog=8)
     writers: list[asyncio.StreamWriter] = []
-    overflows = listen_overflows()
+    turned_away = listen_drops(lifeguard.port)
     try:
         async with asyncio.timeout(30):  # a connect turned away is sent again after 1 s, then 2 s, ...
             # All 64 connects start in this turn, before the proxy's listener can accept any.
             streams = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", lifeguard.port) for _ in range(64)))
-        assert listen_overflows() > overflows, "the accept queue never overflowed: the test did not test it"
+        assert listen_drops(lifeguard.port) > turned_away, "the accept queue never overflowed: the test did not test it"
         writers = [writer for _, writer in streams]
         for writer in writers:  # no await in between: the proxy reads all 64 in its next turn
             writer.write(b"GET /lifeguard/healthz HTTP/1.1\r\nHost: x\r\n\r\n")

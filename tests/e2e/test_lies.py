@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from aiohttp import ClientResponse, ClientTimeout
@@ -410,11 +409,10 @@ async def test_8_engine_death_during_a_hung_sleep_is_answered_503_quickly_not_at
     call = asyncio.ensure_future(stack.client.post("/sleep?level=1"))
     await stack.wait_for(lambda s: s["state"] == "FALLING_ASLEEP" and stack.sim_count("sleep") == 1)
 
-    started = time.monotonic()
     stack.sim.errored = True  # the engine core died; the API server lingers with /health 503 (#57853)
-    resp = await call
+    # Answered once /health says so, not at the call's 60 s deadline (nor at the test's own).
+    resp = await asyncio.wait_for(call, 20)
 
-    assert time.monotonic() - started < 3.0
     assert resp.status == 503
     assert (await _error(resp))["reason"] == "upstream_unreachable"
     assert (await stack.state())["state"] == "FAILED"
@@ -432,10 +430,8 @@ async def test_8_engine_crash_mid_wake_is_503_failed_then_back_running_with_stal
     task = await _hold_one(stack)
     stack.faults("wake_up:crash")
 
-    started = time.monotonic()
-    resp = await stack.client.post("/wake_up")
+    resp = await asyncio.wait_for(stack.client.post("/wake_up"), 20)  # not at the call's 60 s deadline
 
-    assert time.monotonic() - started < 3.0
     assert resp.status == 503
     assert (await _error(resp))["reason"] == "upstream_unreachable"
     assert (await stack.state())["state"] == "FAILED"

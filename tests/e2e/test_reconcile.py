@@ -246,7 +246,9 @@ async def test_discarded_weights_stay_discarded_when_the_engine_only_seemed_to_r
 
 
 @pytest.mark.xfail(
-    strict=True, reason="a restart and a wake inside one reconcile interval go unseen (docs/reliability.md)"
+    strict=True,
+    raises=AssertionError,
+    reason="a restart and a wake inside one reconcile interval go unseen (docs/reliability.md)",
 )
 async def test_an_engine_restarted_between_two_reconcile_rounds_is_not_failed_for_its_fresh_checkpoint(make_stack):
     """The narrower form of the two-engine chaos finding (seed 4158; the test above): the restart *and* the next

@@ -99,12 +99,13 @@ async def test_fetch_weights_is_forwarded_at_once_awake_paused_and_asleep(make_s
         fetched = await post(stack, "/fetch_weights", json={"target_version": version})
         assert fetched.status == 200, await fetched.text()
     assert stack.sim.fetched_versions == {1, 2, 3}
-    # It never waits behind a lifecycle call in progress: a slow wake does not hold it.
-    stack.faults("wake_up:slow:1")
+    # It never waits behind a lifecycle call in progress: a slow wake does not hold it. Answered while vLLM still
+    # sleeps in that wake (a fetch held behind it would reach vLLM only once the wake had ended there).
+    stack.faults("wake_up:slow:3")
     wake = asyncio.ensure_future(post(stack, "/wake_up"))
     await stack.wait_state("WAKING")
-    fetched = await asyncio.wait_for(post(stack, "/fetch_weights", json={"target_version": 4}), timeout=0.8)
-    assert fetched.status == 200 and not wake.done()
+    fetched = await asyncio.wait_for(post(stack, "/fetch_weights", json={"target_version": 4}), 20)
+    assert fetched.status == 200 and stack.sim.is_sleeping and not wake.done()
     assert (await wake).status == 200
     assert stack.sim.violations == []
 

@@ -57,3 +57,42 @@ def test_a_run_stopped_by_a_failed_group_names_that_group_only(tmp_path: Path, f
     assert done.returncode == 1
     failures = [line for line in done.stdout.splitlines() if line.startswith("CI FAILED")]
     assert failures == [f"CI FAILED: group 'make chaos-pods' failed (exit {failed_rc})"], done.stdout
+
+
+def _listed(record: Path, number: int, collected: list[str], selected: list[str]) -> None:
+    (record / f"{number:02d}" / "collected-1.txt").write_text("".join(f"{test}\n" for test in collected))
+    (record / f"{number:02d}" / "selected-1.txt").write_text("".join(f"{test}\n" for test in selected))
+
+
+UI_IN_E2E = "tests/e2e/test_page.py::test_ui"
+PASSED_UI = '<testcase classname="tests.ui.test_a" name="test_b"/>'
+
+
+def test_a_test_collected_by_a_group_and_run_by_none_fails_a_complete_run(tmp_path: Path) -> None:
+    _group(tmp_path, 1, "make test", 0, PASSED_UNIT)
+    _listed(tmp_path, 1, ["tests/unit/test_x.py::test_y", UI_IN_E2E], ["tests/unit/test_x.py::test_y"])
+    _group(tmp_path, 2, "make test-ui", 0, PASSED_UI)
+    _listed(tmp_path, 2, ["tests/ui/test_a.py::test_b"], ["tests/ui/test_a.py::test_b"])
+    done = _summary(tmp_path)
+    assert done.returncode == 1
+    assert f"CI FAILED: {UI_IN_E2E} is run by no group" in done.stdout
+
+
+def test_a_test_one_group_leaves_out_and_another_runs_is_covered(tmp_path: Path) -> None:
+    _group(tmp_path, 1, "make test", 0, PASSED_UNIT)
+    _listed(tmp_path, 1, ["tests/unit/test_x.py::test_y", UI_IN_E2E], ["tests/unit/test_x.py::test_y"])
+    _group(tmp_path, 2, "make test-ui", 0, PASSED_UI)
+    _listed(tmp_path, 2, [UI_IN_E2E], [UI_IN_E2E])
+    done = _summary(tmp_path)
+    assert done.returncode == 0, done.stdout
+
+
+def test_a_run_stopped_by_a_failed_group_does_not_judge_what_ran_nowhere(tmp_path: Path) -> None:
+    """The group that would have run it may be among those the failure stopped."""
+    _group(tmp_path, 1, "make test", 0, PASSED_UNIT)
+    _listed(tmp_path, 1, ["tests/unit/test_x.py::test_y", UI_IN_E2E], ["tests/unit/test_x.py::test_y"])
+    _group(tmp_path, 2, "make test-ui", 1, PASSED_UI)
+    done = _summary(tmp_path)
+    assert [line for line in done.stdout.splitlines() if line.startswith("CI FAILED")] == [
+        "CI FAILED: group 'make test-ui' failed (exit 1)"
+    ]

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from tests.lifeguard_testing import listen_overflows
+from tests.lifeguard_testing import listen_drops
 from tests.vllm.vllm_e2e import (
     LONG,
     MODEL,
@@ -172,8 +172,9 @@ async def test_a_burst_of_512_new_streams_is_all_delivered_and_vllm_turns_no_con
     """The RL shape (issue 39): a batch of generations fired at once, each streamed. At its defaults the proxy opens
     as many connections to vLLM at once as the kernel lets vLLM's listen queue hold (proxy/upstream/pool.py,
     `default_max_connecting`); vLLM's own server takes them all: every stream ends with [DONE], and the kernel's
-    count of connects turned away by a full accept queue does not move."""
-    overflows = listen_overflows()
+    count of connects that vLLM's listener (and the proxy's) turned away does not move."""
+    listeners = {"vLLM": int(proxy.upstream.rsplit(":", 1)[1]), "the proxy": proxy.port}
+    turned_away = {name: listen_drops(port) for name, port in listeners.items()}
     timeout = aiohttp.ClientTimeout(total=150, sock_connect=30)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as burst:
 
@@ -187,4 +188,5 @@ async def test_a_burst_of_512_new_streams_is_all_delivered_and_vllm_turns_no_con
     done = b"data: [DONE]\n\n"
     broken = [(status, text[-120:]) for status, text in answers if status != 200 or not text.endswith(done)]
     assert not broken, f"{len(broken)} of 512 streams not delivered, e.g. {broken[:3]}"
-    assert listen_overflows() == overflows, "the kernel turned connects away (a listen queue overflowed)"
+    after = {name: listen_drops(port) for name, port in listeners.items()}
+    assert after == turned_away, f"the kernel turned connects away (a full listen queue): {turned_away} -> {after}"
