@@ -132,7 +132,7 @@ if [[ -n $url && $rc_conf == 0 ]]; then
   CONFORMANCE_ENGINE_URL=$url CONFORMANCE_LORA_PATH=$lora "$BIN/pytest" tests/conformance -q -rfEsR --reruns 1 --junitxml "$JUNIT/conformance.xml"
   rc_conf=$?
   log "$LORA_TESTS through the proxy, on the same vLLM"
-  LIFEGUARD_LORA_ENGINE_URL=$url LIFEGUARD_LORA_PATH=$lora "$BIN/pytest" -m vllm "$LORA_TESTS" -q -rfEsR --reruns 1 \
+  LIFEGUARD_VLLM_LORA_ENGINE_URL=$url LIFEGUARD_VLLM_LORA_PATH=$lora "$BIN/pytest" -m vllm "$LORA_TESTS" -q -rfEsR --reruns 1 \
     --junitxml "$JUNIT/lora.xml"
   rc_lora=$?
 fi

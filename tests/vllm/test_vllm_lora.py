@@ -4,8 +4,8 @@ sleep and wake, after a level-2 sleep, wake and weight reload, and after a level
 weights, their reload, then the KV cache).
 
 The vLLM is the one scripts/test-vllm.sh starts for the conformance suite (`--enable-lora --max-lora-rank 8
---max-loras 1`, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), passed as LIFEGUARD_LORA_ENGINE_URL, with the adapter that
-scripts/vllm/make_tiny_lora.py builds (LIFEGUARD_LORA_PATH: lora_B not zero, so the adapter's answer differs from
+--max-loras 1`, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), passed as LIFEGUARD_VLLM_LORA_ENGINE_URL, with the adapter that
+scripts/vllm/make_tiny_lora.py builds (LIFEGUARD_VLLM_LORA_PATH: lora_B not zero, so the adapter's answer differs from
 the base model's). The suite's own vLLM runs without LoRA.
 """
 
@@ -32,9 +32,9 @@ RELOAD = {"method": "reload_weights"}
 @pytest.fixture(scope="module")
 def lora_engine() -> tuple[str, str, str]:
     """(vLLM's URL, the adapter's folder, the base model's served name)."""
-    url, path = os.environ.get("LIFEGUARD_LORA_ENGINE_URL"), os.environ.get("LIFEGUARD_LORA_PATH")
+    url, path = os.environ.get("LIFEGUARD_VLLM_LORA_ENGINE_URL"), os.environ.get("LIFEGUARD_VLLM_LORA_PATH")
     if not url or not path:
-        missing("LIFEGUARD_LORA_ENGINE_URL/LIFEGUARD_LORA_PATH unset: scripts/test-vllm.sh runs this file against its "
+        missing("LIFEGUARD_VLLM_LORA_ENGINE_URL/LIFEGUARD_VLLM_LORA_PATH unset: scripts/test-vllm.sh runs this file against its "
                 "vLLM with --enable-lora")  # fmt: skip
     status, raw = http("GET", url + "/v1/models")
     assert status == 200, raw
