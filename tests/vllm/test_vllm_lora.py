@@ -34,8 +34,8 @@ def lora_engine() -> tuple[str, str, str]:
     """(vLLM's URL, the adapter's folder, the base model's served name)."""
     url, path = os.environ.get("LIFEGUARD_VLLM_LORA_ENGINE_URL"), os.environ.get("LIFEGUARD_VLLM_LORA_PATH")
     if not url or not path:
-        missing("LIFEGUARD_VLLM_LORA_ENGINE_URL/LIFEGUARD_VLLM_LORA_PATH unset: scripts/test-vllm.sh runs this file against its "
-                "vLLM with --enable-lora")  # fmt: skip
+        missing("LIFEGUARD_VLLM_LORA_ENGINE_URL/LIFEGUARD_VLLM_LORA_PATH unset: "
+                "scripts/test-vllm.sh runs this file against its vLLM with --enable-lora")  # fmt: skip
     status, raw = http("GET", url + "/v1/models")
     assert status == 200, raw
     return url, path, "tiny"
