@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from ..config import Settings
@@ -43,7 +44,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
-from .state_file import StateFile
+from .state_file import PersistedFacts, StateFile
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums
@@ -98,9 +99,9 @@ class LifecycleCoordinator:
             ),
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
-        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums)
+        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead)
         self._sleep = SleepOperations(
-            settings, self.record, self._calls, verifier, gate, metrics, self._state_file, self.checksums
+            settings, self.record, self._calls, verifier, gate, metrics, self._write_ahead, self.checksums
         )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
@@ -498,7 +499,16 @@ class LifecycleCoordinator:
 
     def _remember(self) -> None:
         if self._state_file.enabled:
-            self._state_file.save(self.record.persisted_facts())
+            self._state_file.save(self._facts())
+
+    def _write_ahead(self, **changes: Any) -> None:
+        """Save the facts as they will be if the call about to be sent takes: a proxy killed while it runs must not
+        believe what it believed before it (a level-2 sleep discards the weights, a start opens a session)."""
+        if self._state_file.enabled:
+            self._state_file.save(replace(self._facts(), **changes))
+
+    def _facts(self) -> PersistedFacts:
+        return self.record.persisted_facts()
 
 
 def _outcome_of(error: LifeguardError) -> str:

@@ -235,8 +235,14 @@ class EngineRecord:
         elif target is SessionTarget.LORA_ADAPTER:
             self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
-    def _round_target(self, drafter: bool) -> SessionTarget:
-        armed, self.adapter_round_armed = self.adapter_round_armed, False
+    def next_session_target(self, drafter: bool) -> SessionTarget:
+        """What a session opened now would write (the start's write-ahead; the armed round stays armed)."""
+        return self._round_target(drafter, peek=True)
+
+    def _round_target(self, drafter: bool, *, peek: bool = False) -> SessionTarget:
+        armed = self.adapter_round_armed
+        if not peek:
+            self.adapter_round_armed = False
         if drafter:
             return SessionTarget.DRAFTER
         return SessionTarget.LORA_ADAPTER if armed else SessionTarget.MODEL

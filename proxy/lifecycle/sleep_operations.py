@@ -9,7 +9,6 @@ engine really is and raise the caught "200 lie" (503 verification_failed).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 from ..config import Settings
 from ..errors import VerificationFailed
@@ -20,7 +19,6 @@ from .gate import RequestGate
 from .outcome import Outcome, from_vllm
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
-from .state_file import StateFile
 from .states import State
 from .verifier import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
 from .weight_checksums import WeightChecksums
@@ -38,7 +36,7 @@ class SleepOperations:
         verifier: Verifier,
         gate: RequestGate,
         metrics: EngineMetrics,
-        state_file: StateFile,
+        write_ahead: Callable[..., None],
         checksums: WeightChecksums,
     ) -> None:
         self._settings = settings
@@ -47,7 +45,7 @@ class SleepOperations:
         self._verifier = verifier
         self._gate = gate
         self._metrics = metrics
-        self._state_file = state_file
+        self._write_ahead = write_ahead
         self._checksums = checksums
 
     async def run(self, call: LifecycleCall) -> Outcome:
@@ -73,7 +71,7 @@ class SleepOperations:
         before = await self._verifier.read_memory()
         self._record.lifecycle.begin_sleep()
         # written ahead, as for a level-2 sleep: a proxy killed while this runs must not trust the weights after it
-        self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
+        self._write_ahead(weights_stale=Staleness.DISCARDED)
         reply = await self._calls.post(call, "/collective_rpc", hint=State.PAUSED)
         verdict = await self._verifier.verify(
             Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED), memory_before=before
@@ -136,7 +134,7 @@ class SleepOperations:
             idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
-            self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
+            self._write_ahead(weights_stale=Staleness.DISCARDED)
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
