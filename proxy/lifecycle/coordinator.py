@@ -118,6 +118,8 @@ class LifecycleCoordinator:
                 self.record.remembered_session(
                     SessionTarget(previous.weight_update_session), State(previous.session_returns_to or "RUNNING")
                 )
+            if previous.weights_before_sleep is not None:
+                self.checksums.remember_before_sleep(previous.weights_before_sleep)
             if previous.asleep_tags:
                 self.record.remembered_asleep(
                     frozenset(previous.asleep_tags),
@@ -365,6 +367,8 @@ class LifecycleCoordinator:
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return
+            if self._woken_unseen(obs) and await self.checksums.unseen_wake_mismatched():
+                self.record.mark_stale(Staleness.MISMATCH)
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
             if obs.reachable and obs.healthy:
                 self.checksums.engine_answers()
@@ -380,6 +384,12 @@ class LifecycleCoordinator:
                 if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
                     if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
+
+    def _woken_unseen(self, obs: Observation) -> bool:
+        """vLLM is awake and running where the record holds its weights asleep: a wake no proxy verified (one a proxy
+        restart cut, or one sent to vLLM directly). Checked before it is adopted and inference let go."""
+        awake = obs.reachable and obs.healthy and obs.elastic is None and obs.sleeping is False
+        return awake and "weights" in self.record.asleep_tags and self.state in (State.STARTING, State.SLEEPING)
 
     async def _clear_prefix_cache(self) -> None:
         """Under the lock, once weights changed: reset vLLM's prefix cache, so that requests need no salt again. It
@@ -512,7 +522,7 @@ class LifecycleCoordinator:
             self._state_file.save(replace(self._facts(), **changes))
 
     def _facts(self) -> PersistedFacts:
-        return self.record.persisted_facts()
+        return replace(self.record.persisted_facts(), weights_before_sleep=self.checksums.before_sleep_digest)
 
 
 def _outcome_of(error: LifeguardError) -> str:

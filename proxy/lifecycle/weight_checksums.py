@@ -72,6 +72,11 @@ def mismatches(now: Digests, baseline: Digests) -> list[str]:
     return sorted(key for key in now.keys() | baseline.keys() if now.get(key) != baseline.get(key))
 
 
+def _combined(digests: Digests) -> str:
+    """One digest of every tensor's: equal exactly when every tensor's is (vLLM's `compare` in one value)."""
+    return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
+
+
 def named(keys: list[str]) -> str:
     more = f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else ""
     return ", ".join(keys[:_NAMED]) + more
@@ -101,6 +106,8 @@ class WeightChecksums:
         # The weights are known to be the checkpoint's, and its checksums are not taken yet.
         self._checkpoint_window = False
         self._before_sleep: Digests | None = None
+        # The last proxy's `before_sleep_digest`, from the state file: all a restarted proxy has to check a wake with.
+        self._remembered_before_sleep: str | None = None
         self._before_update: Digests | None = None
         self.last: Check | None = None
         self.last_at: float | None = None
@@ -124,7 +131,7 @@ class WeightChecksums:
         """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
         to be the checkpoint."""
         self._checkpoint_window = False
-        self._before_sleep = None
+        self._before_sleep = self._remembered_before_sleep = None
 
     @property
     def checkpoint_due(self) -> bool:
@@ -146,16 +153,50 @@ class WeightChecksums:
     # ----- the comparisons
     async def before_sleep(self, level: int | None) -> None:
         """A sleep from RUNNING with current weights: a level-1 sleep keeps them (offloaded), so take them now."""
-        self._before_sleep = None
+        self._before_sleep = self._remembered_before_sleep = None
         if self.mode is ChecksumMode.ALWAYS and level == 1:
             self._before_sleep, _ = await self._take()
+
+    @property
+    def before_sleep_digest(self) -> str | None:
+        """The checksums a level-1 wake must bring back, as one digest (kept in the state file)."""
+        if self._before_sleep is None:
+            return self._remembered_before_sleep
+        return _combined(self._before_sleep)
+
+    def remember_before_sleep(self, digest: str) -> None:
+        """A restarted proxy's state file kept the last proxy's `before_sleep_digest`."""
+        self._remembered_before_sleep = digest
 
     async def check_wake(self) -> Check | None:
         """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit."""
         before, self._before_sleep = self._before_sleep, None
-        if before is None:
+        remembered, self._remembered_before_sleep = self._remembered_before_sleep, None
+        if before is not None:
+            return self._report(await self._compare(before, "before the sleep"))
+        if remembered is None or self.mode is not ChecksumMode.ALWAYS:
             return None
-        return self._report(await self._compare(before, "before the sleep"))
+        now, problem = await self._take()
+        if now is None:
+            return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, problem or "unreadable"))
+        if _combined(now) != remembered:
+            detail = (f"the checksums of the {len(now)} weight tensors differ from those taken before the sleep (kept "
+                      "by the last proxy as one digest: which tensors differ, it does not say)")  # fmt: skip
+            return self._report(Check(CheckName.WEIGHTS, CheckResult.FAIL, detail))
+        return self._report(Check(CheckName.WEIGHTS, CheckResult.PASS, f"{len(now)} tensors match the checksums "
+                                  "taken before the sleep (kept by the last proxy)"))  # fmt: skip
+
+    async def unseen_wake_mismatched(self) -> bool:
+        """vLLM woke with no wake this proxy verified (a proxy restart cut it, or it was sent to vLLM directly): whether
+        its weights are not those before the sleep, by the checksums taken then (the state file keeps them across a
+        restart). True: hold them until weights are loaded again, as after a wake the proxy made."""
+        check = await self.check_wake()
+        if check is None or check.result is not CheckResult.FAIL:
+            return False
+        log.warning("vLLM woke without a wake this proxy verified, and its weights are not those before the sleep: %s; "
+                    "inference held until weights are loaded again", check.detail,
+                    extra={"event": "unseen_wake_weights_mismatch"})  # fmt: skip
+        return True
 
     async def check_reload(self) -> Check | None:
         """After a reload of the checkpoint: the weights are the checkpoint's."""

@@ -159,6 +159,22 @@ async def test_a_wake_that_restores_other_weights_is_503_naming_the_tensor_and_h
     assert stack.sim.violations == []
 
 
+async def test_a_wake_sent_to_vllm_directly_is_checked_before_it_is_adopted(make_stack):
+    """No wake of the proxy's to verify: the reconcile loop finds vLLM awake where it held the weights asleep, and
+    compares the checksums taken before the sleep before it adopts the wake and lets inference go (issue 49)."""
+    stack = await make_stack(weight_checksums="always")
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+    await stack.sim.wake_up(None)  # behind the proxy's back
+
+    state = await stack.wait_for(lambda s: s["state"] == "RUNNING")
+    assert state["weights_stale_reason"] == "mismatch", state
+    await _held_then_dropped(stack)
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
 async def test_off_takes_no_checksum_and_passes_the_same_lying_wake(make_stack):
     stack = await make_stack(weight_checksums="off")
     assert (await stack.client.post("/sleep?level=1")).status == 200
