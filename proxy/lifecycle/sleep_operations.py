@@ -9,6 +9,7 @@ engine really is and raise the caught "200 lie" (503 verification_failed).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from ..config import Settings
 from ..errors import VerificationFailed
@@ -170,10 +171,13 @@ class SleepOperations:
         if view.sleep_level != 0:
             memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
         canary = full and self._record.weights_stale not in WEIGHTLESS
-        verdict = await self._verifier.verify(
-            Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
-            memory_before=before,
+        # The weights' checksums, when there are any to compare, come before the canary: no canary runs on weights
+        # known to be other (nothing may run on them, and its answer would become the golden one).
+        weights_first = full and self._checksums.wake_check_due
+        expect = Expectation(
+            sleeping=not full, paused=None if not full else False, memory=memory, canary=canary and not weights_first
         )
+        verdict = await self._verifier.verify(expect, memory_before=before)
         if verdict.failed is not None:
             if not full and verdict.failed.name is CheckName.MEMORY:
                 # The flags cannot show a partial wake; the GPUs say nothing came back: what we sent is
@@ -181,18 +185,23 @@ class SleepOperations:
                 self._record.settle(State.SLEEPING)
                 raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
             raise self._lie(call, verdict, hint=State.SLEEPING)
+        # Inside the wake, inference still held: the weights must be those before a level-1 sleep, bit for bit.
+        weights = await self._checksums.check_wake() if full else None
+        if weights is not None:
+            verdict.checks.append(weights)
+            if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
+                self._record.mark_stale(Staleness.MISMATCH)
+            elif canary:
+                answered = await self._verifier.verify(replace(expect, memory=None, canary=True), memory_before=None)
+                verdict.checks.extend(c for c in answered.checks if c.name is not CheckName.FLAGS)
+                if answered.failed is not None:
+                    raise self._lie(call, answered, hint=State.SLEEPING)
         self._record.woke(remaining)
         if not full:
             self._record.settle(State.SLEEPING)
             return from_vllm(reply, verdict)
         if verdict.memory is not None:
             self._verifier.note_awake(verdict.memory)
-        # Inside the wake, inference still held: the weights must be those before a level-1 sleep, bit for bit.
-        weights = await self._checksums.check_wake()
-        if weights is not None:
-            verdict.checks.append(weights)
-            if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
-                self._record.mark_stale(Staleness.MISMATCH)
         if (mode := self._record.user_pause) is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
             await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)

@@ -164,6 +164,13 @@ class WeightChecksums:
             return self._remembered_before_sleep
         return _combined(self._before_sleep)
 
+    @property
+    def wake_check_due(self) -> bool:
+        """Whether the next full wake is compared with checksums taken before the sleep."""
+        return self._before_sleep is not None or (
+            self._remembered_before_sleep is not None and self.mode is ChecksumMode.ALWAYS
+        )
+
     def remember_before_sleep(self, digest: str) -> None:
         """A restarted proxy's state file kept the last proxy's `before_sleep_digest`."""
         self._remembered_before_sleep = digest
