@@ -362,8 +362,6 @@ class LifecycleCoordinator:
             obs = await self._client.observe()
             if self._answered_late(obs):
                 return
-            if not obs.reachable and not obs.timed_out:
-                self.checksums.engine_gone()  # refused or reset: whatever answers next is a new process
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return

@@ -101,8 +101,9 @@ class WeightChecksums:
         # The checkpoint vLLM was started with, and when its checksums were taken.
         self.checkpoint: Digests | None = None
         self.checkpoint_at: float | None = None
-        # Nothing listened at vLLM's address: whatever answers next is a new process.
-        self._gone = False
+        # The client's count of calls nothing answered (refused or reset) when vLLM last answered healthy: one since
+        # means no process served at its address for a while, and whatever answers next is a new process.
+        self._unanswered_seen = client.unanswered_calls
         # The weights are known to be the checkpoint's, and its checksums are not taken yet.
         self._checkpoint_window = False
         self._before_sleep: Digests | None = None
@@ -114,17 +115,15 @@ class WeightChecksums:
         self.last_seconds: float | None = None
 
     # ----- when the weights are the checkpoint's
-    def engine_gone(self) -> None:
-        """A connection to vLLM was refused or reset (not a late answer): no process serves there now."""
-        self._gone = True
-        self._checkpoint_window = False
-
     def engine_answers(self) -> None:
-        """vLLM answered healthy. After `engine_gone` it is a process started since, holding its checkpoint. A
-        /health that merely went unanswered for a while proves nothing of the kind (the record then assumes a
-        restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later reload)."""
-        if self._gone:
-            self._gone = False
+        """vLLM answered healthy. After a call nothing answered (refused or reset: any call's, a reconcile round's or a
+        lifecycle call's that met the death first, seed 399 of make chaos-engines) it is a process started since,
+        holding its checkpoint. A /health that merely answered late proves nothing of the kind (the record then
+        assumes a restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later
+        reload)."""
+        unanswered = self._client.unanswered_calls
+        if unanswered != self._unanswered_seen:
+            self._unanswered_seen = unanswered
             self._checkpoint_window = True
 
     def weights_changed(self) -> None:

@@ -52,6 +52,9 @@ class VllmClient:
         self.base_url = base_url.rstrip("/")
         self._address = yarl.URL(self.base_url).authority  # host:port, for errors a person reads
         self._control_timeout_s = control_timeout_s
+        # Calls no process answered (refused, or reset before any answer): as far as anyone can tell, nothing served
+        # at vLLM's address then, whatever call met it. A late answer (UpstreamTimeout) is no such sign.
+        self.unanswered_calls = 0
 
     async def call(
         self,
@@ -81,6 +84,7 @@ class VllmClient:
         except TimeoutError:
             raise UpstreamTimeout(f"vLLM did not answer {method} {path} within {timeout:g} s") from None
         except (aiohttp.ClientError, OSError) as exc:
+            self.unanswered_calls += 1
             why = transport_failure(exc, self._address)
             raise UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {why}") from exc
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import ClientResponse
 
+from lifeguard_sim.errors import EngineGone
 from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS
 
 from .conftest import Stack
@@ -203,6 +205,31 @@ async def test_a_reload_that_does_not_produce_the_checkpoint_is_503_and_held_unt
     assert resp.status == 200, await resp.text()
     assert (await stack.state())["weights_stale"] is False
     assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoints_checksums(make_stack):
+    """Seed 399 of make chaos-engines (issue 49): vLLM died under a /sleep and was back before a reconcile round
+    looked, started from another checkpoint. Only a reconcile round's unanswered read opened the checkpoint's
+    window: the proxy kept the old checkpoint's checksums, every later reload 'did not produce the checkpoint', and
+    the engine stayed held through the run's recovery."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
+    sim = stack.sim
+
+    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+        sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+        sim.die("killed under /sleep")
+        sim.restart()
+        raise EngineGone
+
+    sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
+    assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
+    state = await stack.wait_for(lambda s: s["weight_checksums"]["checkpoint_at"] != taken)
+    assert state["weight_checksums"]["checkpoint_tensors"] == 8
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+    assert resp.status == 200, await resp.text()
     assert stack.sim.violations == []
 
 
