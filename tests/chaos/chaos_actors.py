@@ -366,6 +366,8 @@ FAULT_OPS: dict[str, tuple[str, ...]] = {
     # a wake that restores other weights: caught by the weights' checksums. Not on collective_rpc: the trainers'
     # reloads are rare, an armed fault that does not fire is tried again at once, and it starved the other kinds
     # (seed 42: lie-dead never armed in the bounded run).
+    # a level-1 sleep or a wake: a forwarded wake alone (an asleep engine, within the wait) left it unfired (seed 42)
+    "lie-weights": ("sleep", "wake_up"),
     "lie-dead": GENERAL_OPS,
     "garbage": GENERAL_OPS,
     "slow": GENERAL_OPS,

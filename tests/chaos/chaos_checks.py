@@ -241,6 +241,17 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
     return checked, bad
 
 
+# The simulator's violation for a generation on weights a lie-weights fault altered (lifeguard_sim/generation.py):
+# judged at every token of every request, it is its own invariant, "no 200 from weights that fail their checksums".
+ALTERED_WEIGHTS = "generate_with_altered_weights"
+
+
+def on_failing_checksums(violations: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The generations that ran on weights failing their checksums, and every other violation."""
+    altered = [v for v in violations if v["kind"] == ALTERED_WEIGHTS]
+    return altered, [v for v in violations if v["kind"] != ALTERED_WEIGHTS]
+
+
 # Core bugs the chaos run finds, each pinned by a strict xfail test; reported, not counted, unless --strict.
 # A no-op is answered from the proxy's belief without asking vLLM; for one reconcile round after the engine
 # dies (and is restarted, maybe), that belief is stale (finding in docs/reliability.md). Longer than this is
