@@ -130,7 +130,7 @@ class LifecycleCoordinator:
         if self.record.prefix_partition is None:
             # Blocks in vLLM's prefix cache may come from weights this proxy never saw loaded (a change a killed
             # proxy's call made, or one before it started): salted until the first reset, on the first idle round.
-            self.record.weights_committed("the proxy started: the prefix cache may hold blocks of weights it did not see")
+            self.record.weights_committed("the proxy started: cached blocks may be of weights it did not see")
         self._refresh_gate()
 
     @property
