@@ -123,8 +123,9 @@ class SleepOperations:
         if prev is not State.SLEEPING:
             self._verifier.adapters_before_sleep()
             # Taken before the gate holds anything: the weights a level-1 wake must bring back bit for bit.
-            current = self._record.weights_stale is None and not self._record.asleep_tags
-            await self._checksums.before_sleep(level if current else None)
+            # Also a restarted vLLM's checkpoint (served, though "stale"); not weights nothing may run on anyway.
+            servable = self._record.weights_stale not in WEIGHTLESS and not self._record.asleep_tags
+            await self._checksums.before_sleep(level if servable else None)
         if prev is State.SLEEPING:
             self._record.lifecycle.begin_sleep_again()
         else:

@@ -161,6 +161,26 @@ async def test_a_wake_that_restores_other_weights_is_503_naming_the_tensor_and_h
     assert stack.sim.violations == []
 
 
+async def test_a_restarted_vllms_checkpoint_is_compared_across_a_level_1_cycle_too(make_stack):
+    """A restarted vLLM's weights are "restarted" (stale, and served: hold_while_weights_stale is off), and a level-1
+    wake must bring them back as much as trained ones. Its checksums were taken only on "current" weights: a wake that
+    restored other bytes then served them (issue 49, the chaos judge on every request)."""
+    stack = await make_stack(weight_checksums="always")
+    await _restarted_engine(stack)
+    assert (await stack.state())["weights_stale_reason"] == "restarted"
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 503 and (await resp.json())["error"]["reason"] == "verification_failed"
+    assert (await stack.state())["weights_stale_reason"] == "mismatch"
+    await _held_then_dropped(stack)
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
 async def test_a_wake_sent_to_vllm_directly_is_checked_before_it_is_adopted(make_stack):
     """No wake of the proxy's to verify: the reconcile loop finds vLLM awake where it held the weights asleep, and
     compares the checksums taken before the sleep before it adopts the wake and lets inference go (issue 49)."""
