@@ -167,6 +167,16 @@ class Restart:
         await resp.read()
         return resp.status, resp.headers.get("X-Lifeguard-Reason")
 
+    async def held_until_a_reload(self, stale: str) -> None:
+        """The new proxy settles RUNNING with the weights `stale` (why it cannot vouch for them), holds a completion,
+        and answers it once the trainer's reload loaded the weights again."""
+        assert self.client is not None
+        state = await _settled(self.client, self.stack)
+        assert state["state"] == "RUNNING" and state["weights_stale_reason"] == stale, state
+        request = await self.held()
+        assert (await self.post("collective_rpc", body=RELOAD))[0] == 200
+        await self.served(request)
+
     async def served(self, request: asyncio.Future[Any] | None = None) -> None:
         """The held completion (or a new one) answered 200, and nothing ran where it must not have."""
         resp = await asyncio.wait_for(request or self.completion(), DEADLINE_S)
@@ -236,12 +246,8 @@ async def test_wake_up_that_restored_other_weights(make_restart: MakeRestart, ke
     restart = await make_restart(kept)
     assert (await restart.stack.client.post("/sleep", params={"level": "1"})).status == 200
     restart.stack.faults("wake_up:lie-weights")
-    client = await restart.cut("wake_up", "wake_up", landed=landed)
-    state = await _settled(client, restart.stack)
-    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "mismatch", state
-    request = await restart.held()
-    assert (await restart.post("collective_rpc", body=RELOAD))[0] == 200
-    await restart.served(request)
+    await restart.cut("wake_up", "wake_up", landed=landed)
+    await restart.held_until_a_reload("mismatch")
 
 
 @cases(("file", "before"), ("file", "after"), ("no-file", "after"))
@@ -250,12 +256,8 @@ async def test_wake_up_from_level_2(make_restart: MakeRestart, kept: str, landed
     Not with no file and the wake already done: an awake vLLM does not show a level-2 sleep (docs/behaviour.md)."""
     restart = await make_restart(kept)
     assert (await restart.stack.client.post("/sleep", params={"level": "2"})).status == 200
-    client = await restart.cut("wake_up", "wake_up", landed=landed)
-    state = await _settled(client, restart.stack)
-    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "discarded", state
-    request = await restart.held()
-    assert (await restart.post("collective_rpc", body=RELOAD))[0] == 200
-    await restart.served(request)
+    await restart.cut("wake_up", "wake_up", landed=landed)
+    await restart.held_until_a_reload("discarded")
 
 
 @cases()
@@ -410,13 +412,11 @@ async def test_reload_weights(make_restart: MakeRestart, kept: str, landed: str)
     for path, params in (("/sleep", {"level": "2"}), ("/wake_up", {})):
         assert (await restart.stack.client.post(path, params=params)).status == 200
     client = await restart.cut("collective_rpc", "collective_rpc", landed=landed, body=RELOAD)
-    state = await _settled(client, restart.stack)
-    request = None
     if _file(restart):
-        assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "discarded", state
-        request = await restart.held()
-        assert (await restart.post("collective_rpc", body=RELOAD))[0] == 200
-    await restart.served(request)
+        await restart.held_until_a_reload("discarded")
+    else:
+        assert (await _settled(client, restart.stack))["weights_stale"] is False
+        await restart.served()
 
 
 @cases(("file", "before"), ("file", "after"))
@@ -424,12 +424,8 @@ async def test_weight_checker_reset(make_restart: MakeRestart, kept: str, landed
     """`/weight_checker {"action": "reset"}` zeroes every weight: marked in the file before it is sent, so the new
     proxy holds inference until a reload. Without the file nothing shows zeroed weights (as after any restart)."""
     restart = await make_restart(kept)
-    client = await restart.cut("collective_rpc", "weight_checker", landed=landed, body={"action": "reset"})
-    state = await _settled(client, restart.stack)
-    assert state["state"] == "RUNNING" and state["weights_stale_reason"] == "reset", state
-    request = await restart.held()
-    assert (await restart.post("collective_rpc", body=RELOAD))[0] == 200
-    await restart.served(request)
+    await restart.cut("collective_rpc", "weight_checker", landed=landed, body={"action": "reset"})
+    await restart.held_until_a_reload("reset")
 
 
 @cases()
