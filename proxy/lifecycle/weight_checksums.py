@@ -107,8 +107,8 @@ class WeightChecksums:
         # The weights are known to be the checkpoint's, and its checksums are not taken yet.
         self._checkpoint_window = False
         self._before_sleep: Digests | None = None
-        # The last proxy's `before_sleep_digest`, from the state file: all a restarted proxy has to check a wake with.
-        self._remembered_before_sleep: str | None = None
+        # The same as one digest (kept in the state file): all a restarted proxy has to check a wake with.
+        self.before_sleep_digest: str | None = None
         self._before_update: Digests | None = None
         self.last: Check | None = None
         self.last_at: float | None = None
@@ -130,7 +130,7 @@ class WeightChecksums:
         """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
         to be the checkpoint."""
         self._checkpoint_window = False
-        self._before_sleep = self._remembered_before_sleep = None
+        self._before_sleep = self.before_sleep_digest = None
 
     @property
     def checkpoint_due(self) -> bool:
@@ -152,32 +152,25 @@ class WeightChecksums:
     # ----- the comparisons
     async def before_sleep(self, level: int | None) -> None:
         """A sleep from RUNNING with current weights: a level-1 sleep keeps them (offloaded), so take them now."""
-        self._before_sleep = self._remembered_before_sleep = None
+        self._before_sleep = self.before_sleep_digest = None
         if self.mode is ChecksumMode.ALWAYS and level == 1:
             self._before_sleep, _ = await self._take()
-
-    @property
-    def before_sleep_digest(self) -> str | None:
-        """The checksums a level-1 wake must bring back, as one digest (kept in the state file)."""
-        if self._before_sleep is None:
-            return self._remembered_before_sleep
-        return _combined(self._before_sleep)
+            self.before_sleep_digest = _combined(self._before_sleep) if self._before_sleep is not None else None
 
     @property
     def wake_check_due(self) -> bool:
         """Whether the next full wake is compared with checksums taken before the sleep."""
-        return self._before_sleep is not None or (
-            self._remembered_before_sleep is not None and self.mode is ChecksumMode.ALWAYS
-        )
+        return self.before_sleep_digest is not None and self.mode is ChecksumMode.ALWAYS
 
     def remember_before_sleep(self, digest: str) -> None:
         """A restarted proxy's state file kept the last proxy's `before_sleep_digest`."""
-        self._remembered_before_sleep = digest
+        self.before_sleep_digest = digest
 
     async def check_wake(self) -> Check | None:
-        """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit."""
+        """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit (tensor by
+        tensor, or, for a restarted proxy, by the one digest its state file kept)."""
         before, self._before_sleep = self._before_sleep, None
-        remembered, self._remembered_before_sleep = self._remembered_before_sleep, None
+        remembered, self.before_sleep_digest = self.before_sleep_digest, None
         if before is not None:
             return self._report(await self._compare(before, "before the sleep"))
         if remembered is None or self.mode is not ChecksumMode.ALWAYS:
