@@ -121,10 +121,21 @@ class WeightChecksums:
         holding its checkpoint. A /health that merely answered late proves nothing of the kind (the record then
         assumes a restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later
         reload)."""
-        unanswered = self._client.unanswered_calls
-        if unanswered != self._unanswered_seen:
-            self._unanswered_seen = unanswered
+        if self._new_process():
             self._checkpoint_window = True
+
+    def _new_process(self) -> bool:
+        """Whether a call nothing answered came since the last look: whatever answers now is a process started since."""
+        seen, self._unanswered_seen = self._unanswered_seen, self._client.unanswered_calls
+        return seen != self._unanswered_seen
+
+    async def before_weights_change(self) -> None:
+        """The weights are about to change (a sleep that may discard them, a session that writes them): a new process's
+        checkpoint not read yet is read now, or never (a swapped engine restarted between two busy rounds and its
+        level-2 sleep closed the window: the last process's checksums stayed, seed 399 of make chaos-engines)."""
+        self.engine_answers()
+        if self.checkpoint_due:
+            await self.take_checkpoint()
 
     def weights_changed(self) -> None:
         """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
@@ -153,6 +164,7 @@ class WeightChecksums:
     async def before_sleep(self, level: int | None) -> None:
         """A sleep from RUNNING with current weights: a level-1 sleep keeps them (offloaded), so take them now."""
         self._before_sleep = self.before_sleep_digest = None
+        await self.before_weights_change()
         if self.mode is ChecksumMode.ALWAYS and level == 1:
             self._before_sleep, _ = await self._take()
             self.before_sleep_digest = _combined(self._before_sleep) if self._before_sleep is not None else None
@@ -201,6 +213,8 @@ class WeightChecksums:
         """After a reload of the checkpoint: the weights are the checkpoint's."""
         if self.mode is ChecksumMode.OFF:
             return None
+        if self._new_process():  # started since the checkpoint was read, and its own was not: it may be other files
+            self.checkpoint = self.checkpoint_at = None
         if self.checkpoint is None:
             why = "the checkpoint's checksums are not known (this proxy has not seen vLLM start with them)"
             return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, why))
@@ -209,6 +223,7 @@ class WeightChecksums:
     async def session_starting(self, weights_current: bool) -> None:
         """A weight update session opens on current weights: what it must change."""
         self._before_update = None
+        await self.before_weights_change()
         if self.mode is ChecksumMode.ALWAYS and weights_current:
             self._before_update, _ = await self._take()
 

@@ -136,9 +136,12 @@ class Restart:
             await _within(held.done, f"vLLM ended /{op}")
         client: TestClient[Any, Any] = await self.serve(stack.settings)
         self.client = client
+        # Its first round over (what it adopted, its canary and its prefix-cache reset): a call landing in vLLM from
+        # here on lands behind its back. (One landing during the canary would pause it in transit, as in the chaos
+        # run's `in_transit`, which no proxy can see coming.)
         deadline = time.monotonic() + DEADLINE_S
-        while (await _state(client))["state"] == "STARTING":
-            assert time.monotonic() < deadline, "the new proxy never adopted the engine"
+        while (state := await _state(client))["state"] == "STARTING" or state["lifecycle_busy"]:
+            assert time.monotonic() < deadline, f"the new proxy never adopted the engine: {state}"
             await asyncio.sleep(0.02)
         if landed == "after":
             held.release.set()

@@ -253,6 +253,36 @@ async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoin
     assert stack.sim.violations == []
 
 
+async def test_a_restarted_vllms_checkpoint_is_read_before_a_level_2_sleep_discards_it(make_stack):
+    """Seed 399 of make chaos-engines again (issue 49): a swapped engine, restarted from another checkpoint, served
+    requests (a reconcile round reads the checkpoint's checksums only while idle) until the swap's level-2 sleep
+    discarded its weights, which closed the window on its checkpoint; the last process's checksums stayed, and every
+    later swap's reload 'did not produce the checkpoint'. The window is used before the weights change now."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    sim = stack.sim
+    stack.faults("generate:slow:3")
+    in_flight = stack.completion_in_background()  # inside vLLM for 3 s: no round is idle meanwhile
+    await stack.wait_for(lambda s: s["inflight_requests"] == 1)
+
+    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+        sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+        sim.die("killed under /sleep")
+        sim.restart()
+        raise EngineGone
+
+    sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
+    assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
+    del sim.sleep  # vLLM's own /sleep again
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+    assert resp.status == 200, await resp.text()
+    assert (await in_flight).status in (200, 503)  # ended by the level-2 sleep, or answered before it
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
 async def test_a_reload_from_another_path_is_a_deliberate_load_not_compared_with_the_checkpoint(make_stack):
     stack = await make_stack()
     await _restarted_engine(stack)
