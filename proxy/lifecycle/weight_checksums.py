@@ -166,8 +166,12 @@ class WeightChecksums:
         self._before_sleep = self.before_sleep_digest = None
         await self.before_weights_change()
         if self.mode is ChecksumMode.ALWAYS and level == 1:
-            self._before_sleep, _ = await self._take()
-            self.before_sleep_digest = _combined(self._before_sleep) if self._before_sleep is not None else None
+            self._before_sleep, problem = await self._take()
+            if self._before_sleep is None:
+                log.warning("the weight checksums before the sleep could not be read: %s; its wake is not compared",
+                            problem, extra={"event": "weight_checksums_unavailable"})  # fmt: skip
+                return
+            self.before_sleep_digest = _combined(self._before_sleep)
 
     @property
     def wake_check_due(self) -> bool:
