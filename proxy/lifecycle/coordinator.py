@@ -94,14 +94,20 @@ class LifecycleCoordinator:
             metrics,
             self._refresh_gate,
             on_weights_changed=self._weights_changed,
-            on_weights_discarded=lambda: self.end_forwarded_requests(
-                "the engine discarded its weights (a level-2 sleep, or a /weight_checker reset) before this request ran"
-            ),
+            on_weights_discarded=self.end_forwarded_requests,
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead)
         self._sleep = SleepOperations(
-            settings, self.record, self._calls, verifier, gate, metrics, self._write_ahead, self.checksums
+            settings,
+            self.record,
+            self._calls,
+            verifier,
+            gate,
+            metrics,
+            self._write_ahead,
+            self.checksums,
+            self.end_forwarded_requests,
         )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
@@ -366,7 +372,7 @@ class LifecycleCoordinator:
             if await self._healed(obs, memory):
                 return
             if self._woken_unseen(obs) and await self.checksums.unseen_wake_mismatched():
-                self.record.mark_stale(Staleness.MISMATCH)
+                self.record.weights_mismatched()
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
             if obs.reachable and obs.healthy:
                 self.checksums.engine_answers()

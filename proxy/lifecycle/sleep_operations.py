@@ -39,6 +39,7 @@ class SleepOperations:
         metrics: EngineMetrics,
         write_ahead: Callable[..., None],
         checksums: WeightChecksums,
+        end_forwarded: Callable[[str], None],
     ) -> None:
         self._settings = settings
         self._record = record
@@ -48,6 +49,7 @@ class SleepOperations:
         self._metrics = metrics
         self._write_ahead = write_ahead
         self._checksums = checksums
+        self._end_forwarded = end_forwarded
 
     async def run(self, call: LifecycleCall) -> Outcome:
         """One of SLEEP_OPERATIONS, under the coordinator's lock."""
@@ -165,6 +167,13 @@ class SleepOperations:
             sent = call
         else:  # only what is still asleep: vLLM's repeat of an awake tag is a silent no-op at best
             sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
+        # With checksums to compare the weights with, the check can only come once vLLM is awake, and vLLM resumes
+        # what it kept through the sleep (`mode=keep`) as it wakes: kept requests ran on weights that failed them
+        # (issue 49). They are ended before the wake instead, as a level-2 sleep's are.
+        checked = full and self._checksums.wake_check_due
+        if checked and self._gate.inflight:
+            self._end_forwarded("the engine's weights are checked after its wake, and vLLM resumes what it kept "
+                                "through the sleep as it wakes: ended before the wake")  # fmt: skip
         before = await self._verifier.read_memory()
         self._record.lifecycle.begin_wake()
         reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
@@ -172,11 +181,10 @@ class SleepOperations:
         if view.sleep_level != 0:
             memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
         canary = full and self._record.weights_stale not in WEIGHTLESS
-        # The weights' checksums, when there are any to compare, come before the canary: no canary runs on weights
-        # known to be other (nothing may run on them, and its answer would become the golden one).
-        weights_first = full and self._checksums.wake_check_due
+        # The checksums come before the canary: no canary runs on weights known to be other (nothing may run on them,
+        # and its answer would become the golden one).
         expect = Expectation(
-            sleeping=not full, paused=None if not full else False, memory=memory, canary=canary and not weights_first
+            sleeping=not full, paused=None if not full else False, memory=memory, canary=canary and not checked
         )
         verdict = await self._verifier.verify(expect, memory_before=before)
         if verdict.failed is not None:
@@ -191,7 +199,7 @@ class SleepOperations:
         if weights is not None:
             verdict.checks.append(weights)
             if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
-                self._record.mark_stale(Staleness.MISMATCH)
+                self._record.weights_mismatched()
             elif canary:
                 answered = await self._verifier.verify(replace(expect, memory=None, canary=True), memory_before=None)
                 verdict.checks.extend(c for c in answered.checks if c.name is not CheckName.FLAGS)

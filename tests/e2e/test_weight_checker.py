@@ -197,6 +197,25 @@ async def test_a_wake_sent_to_vllm_directly_is_checked_before_it_is_adopted(make
     assert stack.sim.violations == []
 
 
+async def test_a_stream_kept_through_a_level_1_sleep_is_ended_before_a_checked_wake(make_stack):
+    """Chaos seeds 42 and 399 with checksums on (issue 49): requests vLLM kept through a `mode=keep` level-1 sleep
+    resume as vLLM wakes, before the weights can be read, and ran on weights that failed their checksums. With
+    checksums to compare, they are ended before the wake, as a level-2 sleep's are."""
+    stack = await make_stack(weight_checksums="always")
+    stream = stack.completion_in_background(stream=True, max_tokens=2000)
+    await stack.wait_for(lambda s: s["inflight_requests"] == 1)
+    assert (await stack.client.post("/sleep?level=1&mode=keep")).status == 200  # vLLM keeps the stream, frozen
+    stack.faults("wake_up:lie-weights")
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 503 and (await resp.json())["error"]["reason"] == "verification_failed"
+    ended = await stream
+    assert ended.status == 200 and b"aborted_by_sleep" in await ended.read()  # the stream's error event
+    assert stack.sim.violations == []  # nothing ran on the other weights
+    await _held_then_dropped(stack)
+
+
 async def test_off_takes_no_checksum_and_passes_the_same_lying_wake(make_stack):
     stack = await make_stack(weight_checksums="off")
     assert (await stack.client.post("/sleep?level=1")).status == 200
