@@ -402,8 +402,11 @@ class FaultLine:
         self._line: list[str] = []  # popped from the end
         self.fired: set[str] = set()
 
-    def next_round(self) -> dict[str, str]:
-        """kind -> the operation to arm it on."""
+    def next_round(self, asleep: bool | None = None) -> dict[str, str]:
+        """kind -> the operation to arm it on. `asleep` (the engine's weights asleep now; None: not known): a kind armed
+        only on a sleep or a wake (lie-memory, lie-weights) is armed on the one that can come next, a wake of an engine
+        asleep, a sleep of one awake: armed the other way it waited out its round unfired, most rounds on an engine
+        that sleeps two turns of three (make chaos-pods seed 42: lie-memory armed 11 times, fired on no engine)."""
         chosen: dict[str, str] = {}
         while len(chosen) < 2:
             if not self._line:
@@ -412,6 +415,8 @@ class FaultLine:
                 self._line.sort(key=lambda kind: kind not in self.fired)  # stable: the unfired at the end, first
             kind = self._line.pop()
             ops = [o for o in FAULT_OPS[kind] if o not in chosen.values()]
+            if asleep is not None and set(FAULT_OPS[kind]) == {"sleep", "wake_up"}:
+                ops = [o for o in ops if o == ("wake_up" if asleep else "sleep")]
             if not ops:
                 continue  # its operations are armed already this round: back at the next shuffle
             chosen[kind] = self._rng.choices(ops, weights=[OFTEN.get(o, 1) for o in ops])[0]
@@ -440,7 +445,8 @@ async def fault_injector(session: aiohttp.ClientSession, sim: SimSupervisor, see
     journal_mark = 0
     round_pid: int | None = None
     while not stop.is_set():
-        chosen = line.next_round()
+        state = await sim_state(session, sim)
+        chosen = line.next_round(asleep=None if state is None else "weights" in state["asleep_tags"])
         specs = [f"{op}:slow:{rng.uniform(0.2, 1.5):.2f}" if kind == "slow" else f"{op}:{kind}"
                  for kind, op in chosen.items()]  # fmt: skip
         journal_mark = sim.journal.stat().st_size if sim.journal.exists() else 0

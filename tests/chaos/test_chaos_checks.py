@@ -230,6 +230,17 @@ def test_a_fault_that_never_fires_does_not_starve_the_other_kinds() -> None:
         assert min(armed.values()) >= 2, f"seed {seed}: armed {dict(armed)}"
 
 
+def test_a_kind_armed_only_on_sleeps_and_wakes_is_armed_on_the_one_that_can_come_next() -> None:
+    for seed in range(20):
+        line = FaultLine(random.Random(seed))
+        for asleep in (True, False) * 15:
+            chosen = line.next_round(asleep=asleep)
+            for kind in {"lie-memory", "lie-weights"} & set(chosen):
+                assert chosen[kind] == ("wake_up" if asleep else "sleep"), (seed, chosen)
+            line.tried(chosen, set())
+        assert line.fired == set(FAULT_OPS), f"seed {seed}: {line.fired}"
+
+
 def test_kinds_not_yet_fired_come_first_and_a_round_the_simulator_missed_comes_again() -> None:
     for seed in range(20):
         line = FaultLine(random.Random(seed))
