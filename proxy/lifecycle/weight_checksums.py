@@ -125,14 +125,20 @@ class WeightChecksums:
             self._checkpoint_window = True
 
     def _new_process(self) -> bool:
-        """Whether a call nothing answered came since the last look: whatever answers now is a process started since."""
+        """Whether a call nothing answered came since the last look: whatever answers now is a process started since,
+        and the last process's checksums are not its own (it may have loaded other files): they are forgotten, and a
+        reload stays unchecked until this one's are read (chaos-engines seed 7: a window a weight change closed first
+        left the last process's, and every later reload of the swapped engine 'did not produce the checkpoint')."""
         seen, self._unanswered_seen = self._unanswered_seen, self._client.unanswered_calls
-        return seen != self._unanswered_seen
+        if seen == self._unanswered_seen:
+            return False
+        self.checkpoint = self.checkpoint_at = None
+        return True
 
     async def before_weights_change(self) -> None:
-        """The weights are about to change (a sleep that may discard them, a session that writes them): a new process's
-        checkpoint not read yet is read now, or never (a swapped engine restarted between two busy rounds and its
-        level-2 sleep closed the window: the last process's checksums stayed, seed 399 of make chaos-engines)."""
+        """The weights are about to change (a sleep that may discard them, a session that writes them, a reload): a new
+        process's checkpoint not read yet is read now, or never (a swapped engine restarted between two busy rounds
+        and its level-2 sleep closed the window, seed 399 of make chaos-engines)."""
         self.engine_answers()
         if self.checkpoint_due:
             await self.take_checkpoint()
@@ -217,8 +223,7 @@ class WeightChecksums:
         """After a reload of the checkpoint: the weights are the checkpoint's."""
         if self.mode is ChecksumMode.OFF:
             return None
-        if self._new_process():  # started since the checkpoint was read, and its own was not: it may be other files
-            self.checkpoint = self.checkpoint_at = None
+        self._new_process()  # one started since the reload was sent: not this checkpoint's to judge
         if self.checkpoint is None:
             why = "the checkpoint's checksums are not known (this proxy has not seen vLLM start with them)"
             return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, why))

@@ -176,6 +176,8 @@ class WeightUpdates:
         return reply
 
     async def _collective_rpc(self, call: LifecycleCall) -> Reply:
+        if reloads_checkpoint(call.rpc_method, call.body):  # a new process's own checkpoint, read before it is reloaded
+            await self._checksums.before_weights_change()
         if call.rpc_method == RESET_RPC:
             self._record.weights_reset()
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)

@@ -12,8 +12,9 @@ from typing import Any
 
 from aiohttp import ClientResponse
 
+from lifeguard_sim import weight_checker
 from lifeguard_sim.errors import EngineGone
-from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS
+from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS, checksums
 
 from .conftest import Stack
 
@@ -299,6 +300,37 @@ async def test_a_restarted_vllms_checkpoint_is_read_before_a_level_2_sleep_disca
     assert resp.status == 200, await resp.text()
     assert (await in_flight).status in (200, 503)  # ended by the level-2 sleep, or answered before it
     assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_restarted_vllm_is_never_compared_with_the_last_processs_checksums(make_stack, monkeypatch):
+    """Seed 7 of make chaos-engines with checksums on (issue 49): a restart the reconcile loop saw, from another
+    checkpoint, whose own checksums were not read (here: vLLM's first answer to /weight_checker is a 500); the last
+    process's stayed, and the reload 'did not produce the checkpoint' (8 of 8 tensors), the engine held for good.
+    They are forgotten when a new process is seen: the reload is unchecked until this one's are read."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    sim = stack.sim
+    unread = asyncio.Event()
+
+    def first_read_fails(engine: Any) -> dict[str, str]:
+        monkeypatch.setattr(weight_checker, "checksums", checksums)
+        unread.set()
+        raise RuntimeError("the first read after the restart fails")
+
+    monkeypatch.setattr(weight_checker, "checksums", first_read_fails)
+    sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+    sim.die("restarted from another checkpoint")
+    await stack.wait_state("FAILED")
+    sim.restart()
+    await asyncio.wait_for(unread.wait(), 5)
+    await stack.wait_for(lambda s: s["state"] == "RUNNING" and not s["lifecycle_busy"])
+
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+
+    assert resp.status == 200, await resp.text()
+    state = await stack.state()
+    assert state["weights_stale"] is False and state["weight_checksums"]["last_check"]["result"] == "unavailable"
     assert stack.sim.violations == []
 
 

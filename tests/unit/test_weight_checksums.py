@@ -120,7 +120,8 @@ async def test_no_checkpoint_known_makes_the_reload_check_unavailable_not_failed
 
 
 def _running_record(ended: list[bool]) -> EngineRecord:
-    record = EngineRecord(_metrics().engine("default"), lambda: None, on_weights_discarded=lambda _why: ended.append(True))
+    metrics = _metrics().engine("default")
+    record = EngineRecord(metrics, lambda: None, on_weights_discarded=lambda _why: ended.append(True))
     record.reconcile_with(AWAKE)
     return record
 
