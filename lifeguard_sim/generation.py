@@ -116,6 +116,11 @@ async def generate(
                 # A request frozen by `mode=keep` (or queued) across a level-2 sleep steps on after the wake.
                 req.ran_on_invalid_weights = True
                 engine.violate("generate_with_invalid_weights", f"{req.request_id} ran on discarded weights")
+            if engine.weights_altered and engine.weights_valid and not req.ran_on_altered_weights:
+                # Weights that fail their checksums (a lie-weights wake or reload): only the checksums can tell.
+                req.ran_on_altered_weights = True
+                engine.violate("generate_with_altered_weights", f"{req.request_id} ran on weights that fail their "
+                               "checksums")  # fmt: skip
             token = stream.next(_quality(engine))
             req.produced += 1
             sched.stats.generation_tokens += 1

@@ -39,6 +39,7 @@ class SimRequest:
     finish_reason: str | None = None
     finished: bool = False
     ran_on_invalid_weights: bool = False
+    ran_on_altered_weights: bool = False
     set_out: float = 0.0  # when it set out for the engine (time.time())
 
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from ..config import Settings
@@ -43,7 +44,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
-from .state_file import StateFile
+from .state_file import PersistedFacts, StateFile
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums
@@ -93,15 +94,21 @@ class LifecycleCoordinator:
             metrics,
             self._refresh_gate,
             on_weights_changed=self._weights_changed,
-            on_weights_discarded=lambda: self.end_forwarded_requests(
-                "the engine discarded its weights (a level-2 sleep, or a /weight_checker reset) before this request ran"
-            ),
+            on_weights_discarded=self.end_forwarded_requests,
             upstream=settings.upstream_shown or "vLLM",
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
-        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums)
+        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead)
         self._sleep = SleepOperations(
-            settings, self.record, self._calls, verifier, gate, metrics, self._state_file, self.checksums
+            settings,
+            self.record,
+            self._calls,
+            verifier,
+            gate,
+            metrics,
+            self._write_ahead,
+            self.checksums,
+            self.end_forwarded_requests,
         )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
@@ -118,6 +125,8 @@ class LifecycleCoordinator:
                 self.record.remembered_session(
                     SessionTarget(previous.weight_update_session), State(previous.session_returns_to or "RUNNING")
                 )
+            if previous.weights_before_sleep is not None:
+                self.checksums.remember_before_sleep(previous.weights_before_sleep)
             if previous.asleep_tags:
                 self.record.remembered_asleep(
                     frozenset(previous.asleep_tags),
@@ -125,6 +134,10 @@ class LifecycleCoordinator:
                     unconfirmed=previous.sleep_unconfirmed,
                     outside_vllm=previous.asleep_outside_vllm,
                 )
+        if self.record.prefix_partition is None:
+            # Blocks in vLLM's prefix cache may come from weights this proxy never saw loaded (a change a killed
+            # proxy's call made, or one before it started): salted until the first reset, on the first idle round.
+            self.record.weights_committed("the proxy started: cached blocks may be of weights it did not see")
         self._refresh_gate()
 
     @property
@@ -360,11 +373,11 @@ class LifecycleCoordinator:
             obs = await self._client.observe()
             if self._answered_late(obs):
                 return
-            if not obs.reachable and not obs.timed_out:
-                self.checksums.engine_gone()  # refused or reset: whatever answers next is a new process
             memory = await self._verifier.read_memory()
             if await self._healed(obs, memory):
                 return
+            if self._woken_unseen(obs) and await self.checksums.unseen_wake_mismatched():
+                self.record.weights_mismatched()
             self.record.reconcile_with(obs, memory_freed=self._verifier.memory_freed(memory))
             if obs.reachable and obs.healthy:
                 self.checksums.engine_answers()
@@ -380,6 +393,12 @@ class LifecycleCoordinator:
                 if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
                     if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
+
+    def _woken_unseen(self, obs: Observation) -> bool:
+        """vLLM is awake and running where the record holds its weights asleep: a wake no proxy verified (one a proxy
+        restart cut, or one sent to vLLM directly). Checked before it is adopted and inference let go."""
+        awake = obs.reachable and obs.healthy and obs.elastic is None and obs.sleeping is False
+        return awake and "weights" in self.record.asleep_tags and self.state in (State.STARTING, State.SLEEPING)
 
     async def _clear_prefix_cache(self) -> None:
         """Under the lock, once weights changed: reset vLLM's prefix cache, so that requests need no salt again. It
@@ -503,7 +522,16 @@ class LifecycleCoordinator:
 
     def _remember(self) -> None:
         if self._state_file.enabled:
-            self._state_file.save(self.record.persisted_facts())
+            self._state_file.save(self._facts())
+
+    def _write_ahead(self, **changes: Any) -> None:
+        """Save the facts as they will be if the call about to be sent takes: a proxy killed while it runs must not
+        believe what it believed before it (a level-2 sleep discards the weights, a start opens a session)."""
+        if self._state_file.enabled:
+            self._state_file.save(replace(self._facts(), **changes))
+
+    def _facts(self) -> PersistedFacts:
+        return replace(self.record.persisted_facts(), weights_before_sleep=self.checksums.before_sleep_digest)
 
 
 def _outcome_of(error: LifeguardError) -> str:

@@ -48,12 +48,13 @@ class EngineRecord:
         metrics: EngineMetrics,
         on_view_change: Callable[[], None],
         on_weights_changed: Callable[[], None] = lambda: None,
-        on_weights_discarded: Callable[[], None] = lambda: None,
+        on_weights_discarded: Callable[[str], None] = lambda _why: None,
         upstream: str = "vLLM",
     ) -> None:
         """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
         initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply.
-        `on_weights_discarded`: vLLM holds no valid weights (a level-2 sleep): what it queued must not run.
+        `on_weights_discarded(why)`: vLLM holds no weights to serve from (a level-2 sleep, a reset, weights that fail
+        their checksums): what it queued must not run on, or go on running on, them.
         `upstream`: vLLM's base URL as it may be shown."""
         self._metrics = metrics
         self._on_view_change = on_view_change
@@ -173,15 +174,21 @@ class EngineRecord:
         """vLLM's weights are gone (a level-2 sleep, seen or adopted) until they are loaded again.
         `end_forwarded`: what vLLM queued must not run (False: it stays frozen until new weights are in)."""
         if end_forwarded:
-            self._on_weights_discarded()
+            self._on_weights_discarded("the engine discarded its weights (a level-2 sleep) before this request ran")
         if self.weights_stale is not Staleness.DISCARDED:
             self.mark_stale(Staleness.DISCARDED)
 
     def weights_reset(self) -> None:
         """vLLM is zeroing every weight (/weight_checker reset, its reset_weights RPC): what it queued must not run,
         and nothing may run until weights are loaded again. Marked before the call is sent, like a level-2 sleep."""
-        self._on_weights_discarded()
+        self._on_weights_discarded("the engine's weights were zeroed (a /weight_checker reset) before this request ran")
         self.mark_stale(Staleness.RESET)
+
+    def weights_mismatched(self) -> None:
+        """vLLM's own checksums say its weights are not what they must be (a wake restored other bytes): what it kept
+        through the sleep must not go on running on them, and nothing may run until weights are loaded again."""
+        self._on_weights_discarded("the engine's weights failed their checksums after a wake before this request ended")
+        self.mark_stale(Staleness.MISMATCH)
 
     def fell_asleep_in_worker(self, tags: frozenset[str]) -> None:
         """A worker RPC freed `tags` behind vLLM's executor while the scheduler is paused (skyrl_sleep_for_weight_sync):
@@ -241,8 +248,14 @@ class EngineRecord:
         elif target is SessionTarget.LORA_ADAPTER:
             self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
-    def _round_target(self, drafter: bool) -> SessionTarget:
-        armed, self.adapter_round_armed = self.adapter_round_armed, False
+    def next_session_target(self, drafter: bool) -> SessionTarget:
+        """What a session opened now would write (the start's write-ahead; the armed round stays armed)."""
+        return self._round_target(drafter, peek=True)
+
+    def _round_target(self, drafter: bool, *, peek: bool = False) -> SessionTarget:
+        armed = self.adapter_round_armed
+        if not peek:
+            self.adapter_round_armed = False
         if drafter:
             return SessionTarget.DRAFTER
         return SessionTarget.LORA_ADAPTER if armed else SessionTarget.MODEL

@@ -20,7 +20,6 @@ from .gate import RequestGate
 from .outcome import Outcome, from_vllm
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
-from .state_file import StateFile
 from .states import State
 from .verifier import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
 from .weight_checksums import WeightChecksums
@@ -38,8 +37,9 @@ class SleepOperations:
         verifier: Verifier,
         gate: RequestGate,
         metrics: EngineMetrics,
-        state_file: StateFile,
+        write_ahead: Callable[..., None],
         checksums: WeightChecksums,
+        end_forwarded: Callable[[str], None],
     ) -> None:
         self._settings = settings
         self._record = record
@@ -47,8 +47,9 @@ class SleepOperations:
         self._verifier = verifier
         self._gate = gate
         self._metrics = metrics
-        self._state_file = state_file
+        self._write_ahead = write_ahead
         self._checksums = checksums
+        self._end_forwarded = end_forwarded
 
     async def run(self, call: LifecycleCall) -> Outcome:
         """One of SLEEP_OPERATIONS, under the coordinator's lock."""
@@ -73,7 +74,7 @@ class SleepOperations:
         before = await self._verifier.read_memory()
         self._record.lifecycle.begin_sleep()
         # written ahead, as for a level-2 sleep: a proxy killed while this runs must not trust the weights after it
-        self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
+        self._write_ahead(weights_stale=Staleness.DISCARDED)
         reply = await self._calls.post(call, "/collective_rpc", hint=State.PAUSED)
         verdict = await self._verifier.verify(
             Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED), memory_before=before
@@ -124,8 +125,9 @@ class SleepOperations:
         if prev is not State.SLEEPING:
             self._verifier.adapters_before_sleep()
             # Taken before the gate holds anything: the weights a level-1 wake must bring back bit for bit.
-            current = self._record.weights_stale is None and not self._record.asleep_tags
-            await self._checksums.before_sleep(level if current else None)
+            # Also a restarted vLLM's checkpoint (served, though "stale"); not weights nothing may run on anyway.
+            servable = self._record.weights_stale not in WEIGHTLESS and not self._record.asleep_tags
+            await self._checksums.before_sleep(level if servable else None)
         if prev is State.SLEEPING:
             self._record.lifecycle.begin_sleep_again()
         else:
@@ -136,7 +138,7 @@ class SleepOperations:
             idle = await self._gate.wait_idle(self._settings.drain_before_sleep_s)
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
-            self._state_file.save(replace(self._record.persisted_facts(), weights_stale=Staleness.DISCARDED))
+            self._write_ahead(weights_stale=Staleness.DISCARDED)
         reply = await self._calls.post(call, "/sleep", hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
@@ -165,6 +167,13 @@ class SleepOperations:
             sent = call
         else:  # only what is still asleep: vLLM's repeat of an awake tag is a silent no-op at best
             sent = LifecycleCall("wake_up", tuple(("tags", t) for t in sorted(targets)), tags=tuple(sorted(targets)))
+        # With checksums to compare the weights with, the check can only come once vLLM is awake, and vLLM resumes
+        # what it kept through the sleep (`mode=keep`) as it wakes: kept requests ran on weights that failed them
+        # (issue 49). They are ended before the wake instead, as a level-2 sleep's are.
+        checked = full and self._checksums.wake_check_due
+        if checked and self._gate.inflight:
+            self._end_forwarded("the engine's weights are checked after its wake, and vLLM resumes what it kept "
+                                "through the sleep as it wakes: ended before the wake")  # fmt: skip
         before = await self._verifier.read_memory()
         self._record.lifecycle.begin_wake()
         reply = await self._calls.post(sent, "/wake_up", hint=State.SLEEPING)
@@ -172,10 +181,12 @@ class SleepOperations:
         if view.sleep_level != 0:
             memory = MemoryChange.RESTORED if full else MemoryChange.PART_RESTORED
         canary = full and self._record.weights_stale not in WEIGHTLESS
-        verdict = await self._verifier.verify(
-            Expectation(sleeping=not full, paused=None if not full else False, memory=memory, canary=canary),
-            memory_before=before,
+        # The checksums come before the canary: no canary runs on weights known to be other (nothing may run on them,
+        # and its answer would become the golden one).
+        expect = Expectation(
+            sleeping=not full, paused=None if not full else False, memory=memory, canary=canary and not checked
         )
+        verdict = await self._verifier.verify(expect, memory_before=before)
         if verdict.failed is not None:
             if not full and verdict.failed.name is CheckName.MEMORY:
                 # The flags cannot show a partial wake; the GPUs say nothing came back: what we sent is
@@ -183,18 +194,23 @@ class SleepOperations:
                 self._record.settle(State.SLEEPING)
                 raise self._lie(call, verdict, hint=State.SLEEPING, adopt=False)
             raise self._lie(call, verdict, hint=State.SLEEPING)
+        # Inside the wake, inference still held: the weights must be those before a level-1 sleep, bit for bit.
+        weights = await self._checksums.check_wake() if full else None
+        if weights is not None:
+            verdict.checks.append(weights)
+            if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
+                self._record.weights_mismatched()
+            elif canary:
+                answered = await self._verifier.verify(replace(expect, memory=None, canary=True), memory_before=None)
+                verdict.checks.extend(c for c in answered.checks if c.name is not CheckName.FLAGS)
+                if answered.failed is not None:
+                    raise self._lie(call, answered, hint=State.SLEEPING)
         self._record.woke(remaining)
         if not full:
             self._record.settle(State.SLEEPING)
             return from_vllm(reply, verdict)
         if verdict.memory is not None:
             self._verifier.note_awake(verdict.memory)
-        # Inside the wake, inference still held: the weights must be those before a level-1 sleep, bit for bit.
-        weights = await self._checksums.check_wake()
-        if weights is not None:
-            verdict.checks.append(weights)
-            if weights.result is CheckResult.FAIL:  # awake, as vLLM says, on weights nothing may run on
-                self._record.mark_stale(Staleness.MISMATCH)
         if (mode := self._record.user_pause) is not None:
             # vLLM's /wake_up resumes a paused scheduler; the user's pause must survive a sleep/wake cycle.
             await self._calls.post(LifecycleCall("pause", (("mode", mode),), mode=mode), "/pause", hint=State.PAUSED)

@@ -1,7 +1,8 @@
 """`StateFile`: the facts about an engine that vLLM cannot be asked for, kept so a restarted proxy keeps them.
 
 vLLM does not show that its weights were discarded once it is awake again, a pause to re-apply on the wake, the
-tags still asleep after a partial wake, or a sleep the GPUs never confirmed. The file is pessimistic: "discarded"
+tags still asleep after a partial wake, a sleep the GPUs never confirmed, a weight-update session, or the weights'
+checksums a level-1 wake must bring back. The file is pessimistic: "discarded"
 is written before a level-2 sleep is sent and cleared only once weights were loaded again. Writes are atomic (a
 temporary file renamed over the old one). docs/design.md tells why each fact is kept.
 """
@@ -42,6 +43,9 @@ class PersistedFacts:
     # finish returns to: vLLM has no flag for a session, and an /update_weights inside one is not a whole update.
     weight_update_session: str | None = None
     session_returns_to: str | None = None
+    # One digest of vLLM's weight checksums taken before a level-1 sleep (weight_checksums: always): what its wake must
+    # bring back, also when no proxy saw the wake (a proxy killed while it ran, or restarted while vLLM slept).
+    weights_before_sleep: str | None = None
 
     def __str__(self) -> str:
         """The facts in words, for the log line of a restarted proxy."""
@@ -57,6 +61,8 @@ class PersistedFacts:
             said.append(f"a weight update session open on the {self.weight_update_session}")
         if self.prefix_partition is not None:
             said.append("inference salted apart from the old prefix cache")
+        if self.weights_before_sleep is not None:
+            said.append("the weights' checksums before the sleep")
         return "; ".join(said)
 
 
@@ -91,6 +97,7 @@ class StateFile:
                 prefix_partition=Partition.from_dict(raw.get("prefix_partition")),
                 weight_update_session=raw.get("weight_update_session"),
                 session_returns_to=raw.get("session_returns_to"),
+                weights_before_sleep=raw.get("weights_before_sleep"),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -129,4 +136,5 @@ def _well_formed(facts: PersistedFacts) -> bool:
         and (facts.sleep_level is None or (type(facts.sleep_level) is int and 0 <= facts.sleep_level <= 2))
         and facts.weight_update_session in (None, *SessionTarget)
         and facts.session_returns_to in (None, *(state.value for state in State))
+        and isinstance(facts.weights_before_sleep, str | None)
     )

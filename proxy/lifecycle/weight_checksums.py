@@ -72,6 +72,11 @@ def mismatches(now: Digests, baseline: Digests) -> list[str]:
     return sorted(key for key in now.keys() | baseline.keys() if now.get(key) != baseline.get(key))
 
 
+def _combined(digests: Digests) -> str:
+    """One digest of every tensor's: equal exactly when every tensor's is (vLLM's `compare` in one value)."""
+    return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
+
+
 def named(keys: list[str]) -> str:
     more = f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else ""
     return ", ".join(keys[:_NAMED]) + more
@@ -96,35 +101,53 @@ class WeightChecksums:
         # The checkpoint vLLM was started with, and when its checksums were taken.
         self.checkpoint: Digests | None = None
         self.checkpoint_at: float | None = None
-        # Nothing listened at vLLM's address: whatever answers next is a new process.
-        self._gone = False
+        # The client's count of calls nothing answered (refused or reset) when vLLM last answered healthy: one since
+        # means no process served at its address for a while, and whatever answers next is a new process.
+        self._unanswered_seen = client.unanswered_calls
         # The weights are known to be the checkpoint's, and its checksums are not taken yet.
         self._checkpoint_window = False
         self._before_sleep: Digests | None = None
+        # The same as one digest (kept in the state file): all a restarted proxy has to check a wake with.
+        self.before_sleep_digest: str | None = None
         self._before_update: Digests | None = None
         self.last: Check | None = None
         self.last_at: float | None = None
         self.last_seconds: float | None = None
 
     # ----- when the weights are the checkpoint's
-    def engine_gone(self) -> None:
-        """A connection to vLLM was refused or reset (not a late answer): no process serves there now."""
-        self._gone = True
-        self._checkpoint_window = False
-
     def engine_answers(self) -> None:
-        """vLLM answered healthy. After `engine_gone` it is a process started since, holding its checkpoint. A
-        /health that merely went unanswered for a while proves nothing of the kind (the record then assumes a
-        restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later reload)."""
-        if self._gone:
-            self._gone = False
+        """vLLM answered healthy. After a call nothing answered (refused or reset: any call's, a reconcile round's or a
+        lifecycle call's that met the death first, seed 399 of make chaos-engines) it is a process started since,
+        holding its checkpoint. A /health that merely answered late proves nothing of the kind (the record then
+        assumes a restart for its own safety, and stale weights are safe; a wrong checkpoint would fail every later
+        reload)."""
+        if self._new_process():
             self._checkpoint_window = True
+
+    def _new_process(self) -> bool:
+        """Whether a call nothing answered came since the last look: whatever answers now is a process started since,
+        and the last process's checksums are not its own (it may have loaded other files): they are forgotten, and a
+        reload stays unchecked until this one's are read (chaos-engines seed 7: a window a weight change closed first
+        left the last process's, and every later reload of the swapped engine 'did not produce the checkpoint')."""
+        seen, self._unanswered_seen = self._unanswered_seen, self._client.unanswered_calls
+        if seen == self._unanswered_seen:
+            return False
+        self.checkpoint = self.checkpoint_at = None
+        return True
+
+    async def before_weights_change(self) -> None:
+        """The weights are about to change (a sleep that may discard them, a session that writes them, a reload): a new
+        process's checkpoint not read yet is read now, or never (a swapped engine restarted between two busy rounds
+        and its level-2 sleep closed the window, seed 399 of make chaos-engines)."""
+        self.engine_answers()
+        if self.checkpoint_due:
+            await self.take_checkpoint()
 
     def weights_changed(self) -> None:
         """The weights were loaded, written, discarded or zeroed through the proxy: whatever they are now is not known
         to be the checkpoint."""
         self._checkpoint_window = False
-        self._before_sleep = None
+        self._before_sleep = self.before_sleep_digest = None
 
     @property
     def checkpoint_due(self) -> bool:
@@ -146,21 +169,61 @@ class WeightChecksums:
     # ----- the comparisons
     async def before_sleep(self, level: int | None) -> None:
         """A sleep from RUNNING with current weights: a level-1 sleep keeps them (offloaded), so take them now."""
-        self._before_sleep = None
+        self._before_sleep = self.before_sleep_digest = None
+        await self.before_weights_change()
         if self.mode is ChecksumMode.ALWAYS and level == 1:
-            self._before_sleep, _ = await self._take()
+            self._before_sleep, problem = await self._take()
+            if self._before_sleep is None:
+                log.warning("the weight checksums before the sleep could not be read: %s; its wake is not compared",
+                            problem, extra={"event": "weight_checksums_unavailable"})  # fmt: skip
+                return
+            self.before_sleep_digest = _combined(self._before_sleep)
+
+    @property
+    def wake_check_due(self) -> bool:
+        """Whether the next full wake is compared with checksums taken before the sleep."""
+        return self.before_sleep_digest is not None and self.mode is ChecksumMode.ALWAYS
+
+    def remember_before_sleep(self, digest: str) -> None:
+        """A restarted proxy's state file kept the last proxy's `before_sleep_digest`."""
+        self.before_sleep_digest = digest
 
     async def check_wake(self) -> Check | None:
-        """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit."""
+        """After the full wake from a level-1 sleep: the weights are those before the sleep, bit for bit (tensor by
+        tensor, or, for a restarted proxy, by the one digest its state file kept)."""
         before, self._before_sleep = self._before_sleep, None
-        if before is None:
+        remembered, self.before_sleep_digest = self.before_sleep_digest, None
+        if before is not None:
+            return self._report(await self._compare(before, "before the sleep"))
+        if remembered is None or self.mode is not ChecksumMode.ALWAYS:
             return None
-        return self._report(await self._compare(before, "before the sleep"))
+        now, problem = await self._take()
+        if now is None:
+            return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, problem or "unreadable"))
+        if _combined(now) != remembered:
+            detail = (f"the checksums of the {len(now)} weight tensors differ from those taken before the sleep (kept "
+                      "by the last proxy as one digest: which tensors differ, it does not say)")  # fmt: skip
+            return self._report(Check(CheckName.WEIGHTS, CheckResult.FAIL, detail))
+        return self._report(Check(CheckName.WEIGHTS, CheckResult.PASS, f"{len(now)} tensors match the checksums "
+                                  "taken before the sleep (kept by the last proxy)"))  # fmt: skip
+
+    async def unseen_wake_mismatched(self) -> bool:
+        """vLLM woke with no wake this proxy verified (a proxy restart cut it, or it was sent to vLLM directly): whether
+        its weights are not those before the sleep, by the checksums taken then (the state file keeps them across a
+        restart). True: hold them until weights are loaded again, as after a wake the proxy made."""
+        check = await self.check_wake()
+        if check is None or check.result is not CheckResult.FAIL:
+            return False
+        log.warning("vLLM woke without a wake this proxy verified, and its weights are not those before the sleep: %s; "
+                    "inference held until weights are loaded again", check.detail,
+                    extra={"event": "unseen_wake_weights_mismatch"})  # fmt: skip
+        return True
 
     async def check_reload(self) -> Check | None:
         """After a reload of the checkpoint: the weights are the checkpoint's."""
         if self.mode is ChecksumMode.OFF:
             return None
+        self._new_process()  # one started since the reload was sent: not this checkpoint's to judge
         if self.checkpoint is None:
             why = "the checkpoint's checksums are not known (this proxy has not seen vLLM start with them)"
             return self._report(Check(CheckName.WEIGHTS, CheckResult.UNAVAILABLE, why))
@@ -169,6 +232,7 @@ class WeightChecksums:
     async def session_starting(self, weights_current: bool) -> None:
         """A weight update session opens on current weights: what it must change."""
         self._before_update = None
+        await self.before_weights_change()
         if self.mode is ChecksumMode.ALWAYS and weights_current:
             self._before_update, _ = await self._take()
 

@@ -2,7 +2,8 @@
 
 The coordinator runs them under its lock, except `/update_weights` inside an open session: forwarded at once,
 because the trainer's NCCL send runs beside it. `/finish_weight_update` reloads the model only when the session
-wrote it (not a drafter's session, not a LoRA round). `reset_weights` is marked before it is sent; reloads and
+wrote it (not a drafter's session, not a LoRA round), and settles what vLLM's flags then say. A session is written to
+the state file ahead of its start, and `reset_weights` is marked before it is sent: vLLM shows neither. Reloads and
 sessions are checked by the weights' checksums (weight_checksums.py). docs/design.md.
 """
 
@@ -11,10 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import NoReturn
 
 from ..config import Settings
-from ..errors import UpstreamBadStatus, VerificationFailed, WeightsAsleep, WeightUpdateSessionLost
+from ..errors import (
+    UpstreamBadStatus,
+    VerificationFailed,
+    WeightsAsleep,
+    WeightUpdateActive,
+    WeightUpdateSessionLost,
+)
 from ..upstream.control_client import Reply
 from .calls import LifecycleCall
 from .engine_calls import EngineCalls
@@ -32,6 +40,8 @@ _NO_SESSION_MESSAGES = (
     "start_weight_update must be called before update_weights",
     "called without a matching start_weight_update",
 )
+# ... and to a start when it holds one already.
+_SESSION_OPEN_MESSAGE = "while a weight update is already active"
 WEIGHT_OPERATIONS = frozenset(
     {"start_weight_update", "start_draft_weight_update", "update_weights", "finish_weight_update", "collective_rpc"}
 )
@@ -45,9 +55,11 @@ class WeightUpdates:
         calls: EngineCalls,
         lock: asyncio.Lock,
         checksums: WeightChecksums,
+        write_ahead: Callable[..., None],
     ) -> None:
         self._settings = settings
         self._checksums = checksums
+        self._write_ahead = write_ahead
         self._record = record
         self._calls = calls
         self._lock = lock
@@ -85,16 +97,40 @@ class WeightUpdates:
 
     async def _start(self, call: LifecycleCall) -> Reply:
         prev = self._record.state
-        if call.op == "start_weight_update":  # before the gate holds anything: what the session must change
+        drafter = call.op == "start_draft_weight_update"
+        if not drafter:  # before the gate holds anything: what the session must change
             await self._checksums.session_starting(weights_current=self._record.weights_stale is None)
         self._record.lifecycle.begin_weight_update()
+        # Written ahead: vLLM has no flag for a session, and a proxy killed while this start runs left one open in
+        # vLLM that its successor took for none (chaos seed 42). If the start never took, the finish says so.
+        self._write_ahead(
+            weight_update_session=self._record.next_session_target(drafter).value, session_returns_to=prev.value
+        )
         try:
             reply = await self._calls.post(call, f"/{call.op}", hint=prev)
-        except UpstreamBadStatus:
+        except UpstreamBadStatus as exc:
+            if exc.upstream_status >= 500 and _SESSION_OPEN_MESSAGE in exc.upstream_body:
+                self._adopt_open_session(prev, drafter=drafter, exc=exc)
             self._record.settle(prev)
             raise
-        self._record.session_opened(return_to=prev, drafter=call.op == "start_draft_weight_update")
+        self._record.session_opened(return_to=prev, drafter=drafter)
         return reply
+
+    def _adopt_open_session(self, prev: State, *, drafter: bool, exc: UpstreamBadStatus) -> NoReturn:
+        """vLLM refused a start because it holds a session already, one this proxy did not open: a killed proxy's, or
+        one whose start answered after this proxy gave up on it. The proxy holds it from here, so the trainer's
+        finish reaches vLLM (it would refuse a finish for no session it knows of) and inference waits for it."""
+        log.warning(
+            "vLLM holds a weight update session this proxy did not open; it holds the session until "
+            "/finish_weight_update",
+            extra={"event": "session_adopted"},
+        )
+        self._record.session_opened(return_to=prev, drafter=drafter)
+        self._record.settle(State.UPDATING_WEIGHTS)
+        raise WeightUpdateActive(
+            "vLLM already holds a weight update session (opened before a proxy restart, or by a start whose answer "
+            "was lost); call /finish_weight_update first",
+        ) from exc
 
     async def _update(self, call: LifecycleCall) -> Reply:
         if self._record.weight_update_active:  # a session opened while this call waited its turn
@@ -131,12 +167,17 @@ class WeightUpdates:
             raise
         wrote_model = self._record.session_target is SessionTarget.MODEL
         self._record.session_closed()
-        self._record.settle(self._record.return_state)
+        # What vLLM is now, not what it was when the session opened: a call cut by a proxy restart may have landed
+        # since (a /pause: settling RUNNING let requests into a paused engine, chaos seed 42), and the reconcile
+        # loop leaves a session alone. Its flags, read under the lock before the gate lets anything go, decide.
+        await self._calls.adopt_observed(self._record.return_state)
         if wrote_model:  # after the gate let inference go again: a report, never a reason to hold it
             await self._checksums.session_finished()
         return reply
 
     async def _collective_rpc(self, call: LifecycleCall) -> Reply:
+        if reloads_checkpoint(call.rpc_method, call.body):  # a new process's own checkpoint, read before it is reloaded
+            await self._checksums.before_weights_change()
         if call.rpc_method == RESET_RPC:
             self._record.weights_reset()
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
@@ -169,6 +210,9 @@ class WeightUpdates:
         if self._record.weight_update_active:
             hint = self._record.return_state
             self._record.restarted_unseen("vLLM lost the weight update session")
+            # Or a finish took whose answer was lost (a proxy restart cut it): blocks of the weights before may be
+            # cached.
+            self._record.weights_committed("vLLM holds no weight update session: its finish may have taken")
             await self._calls.adopt_observed(hint)
         raise WeightUpdateSessionLost(
             "vLLM has no weight update session open (it restarted, or the start did not take); the proxy "

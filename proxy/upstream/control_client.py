@@ -53,6 +53,9 @@ class VllmClient:
         # host:port, for errors a person reads (never the URL's password: they reach logs and /lifeguard/state)
         self._address = yarl.URL(self.base_url).host_port_subcomponent or "vLLM"
         self._control_timeout_s = control_timeout_s
+        # Calls no process answered (refused, or reset before any answer): as far as anyone can tell, nothing served
+        # at vLLM's address then, whatever call met it. A late answer (UpstreamTimeout) is no such sign.
+        self.unanswered_calls = 0
 
     async def call(
         self,
@@ -84,6 +87,7 @@ class VllmClient:
             late.why = f"no answer to {method} {path} within {timeout:g} s"
             raise late from None
         except (aiohttp.ClientError, OSError) as exc:
+            self.unanswered_calls += 1
             why = transport_failure(exc, self._address)
             lost = UpstreamUnreachable(f"vLLM could not be reached for {method} {path}: {why}")
             lost.why = why

@@ -130,6 +130,12 @@ def read_journal(path: Path, engine: str = "") -> Journal:
             began, hung = open_wakes.pop(key)
             wakes.append(WakeSpan(engine, began, t, key, hung))
 
+    def end_pausing(t: float, pid: int | None = None, *, every: bool = False) -> None:
+        """A pause or sleep the process's death cut: it ran until then (seed 399 of the chaos run: a crash 6 ms into
+        a /pause, and 15 requests the gate had let through just before it arrived in transit, never run)."""
+        for p, op in [key for key in open_ops if key[1] in ("pause", "sleep") and (every or key[0] == pid)]:
+            pausing.extend((p, op, began, t) for began in open_ops.pop((p, op)))
+
     for entry in journal_entries(path):
         ev = entry.get("ev")
         t, pid = float(entry["t"]), entry.get("pid")
@@ -141,6 +147,7 @@ def read_journal(path: Path, engine: str = "") -> Journal:
             end_wakes(t, pid)
         elif ev == "die" or (ev == "state" and entry.get("why") == "exited"):
             end_wakes(t, pid, every=entry.get("why") == "exited")  # the supervisor's line: whatever ran ended
+            end_pausing(t, pid, every=entry.get("why") == "exited")
         if ev == "begin":
             open_ops.setdefault((entry["pid"], entry["op"]), []).append(float(entry["t"]))
         if ev == "state" and str(entry.get("why", "")).split(":")[0] in ("pause", "sleep"):
@@ -242,6 +249,17 @@ def untruthful(calls: list[Call], timeline: list[tuple[float, dict[str, Any]]]) 
                 known = "stale_noop"
             bad.append((call, known))
     return checked, bad
+
+
+# The simulator's violation for a generation on weights a lie-weights fault altered (lifeguard_sim/generation.py):
+# judged at every token of every request, it is its own invariant, "no 200 from weights that fail their checksums".
+ALTERED_WEIGHTS = "generate_with_altered_weights"
+
+
+def on_failing_checksums(violations: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The generations that ran on weights failing their checksums, and every other violation."""
+    altered = [v for v in violations if v["kind"] == ALTERED_WEIGHTS]
+    return altered, [v for v in violations if v["kind"] != ALTERED_WEIGHTS]
 
 
 # Core bugs the chaos run finds, each pinned by a strict xfail test; reported, not counted, unless --strict.

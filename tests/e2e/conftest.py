@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,8 @@ class Stack(ProxyState):
     client: TestClient
     sim_server: TestServer
     settings: Settings
-    # Generations the proxy's own start-up canary made before the test began.
-    generate_baseline: int = 0
+    # Calls the proxy's own start-up round made before the test began (its canary, its reset of the prefix cache).
+    baseline: dict[str, int] = field(default_factory=dict)
 
     @property
     def lifeguard(self) -> Lifeguard:
@@ -113,9 +113,12 @@ class Stack(ProxyState):
         self.sim.set_faults(list(specs))
 
     def sim_count(self, op: str) -> int:
-        """Calls of `op` the engine saw since the test began (not counting the start-up canary)."""
+        """Calls of `op` the engine saw since the test began (not counting the proxy's start-up round)."""
+        return self._counters().get(op, 0) - self.baseline.get(op, 0)
+
+    def _counters(self) -> dict[str, int]:
         counters: dict[str, int] = self.sim.state_dict()["counters"]  # type: ignore[assignment]
-        return int(counters.get(op, 0)) - (self.generate_baseline if op == "generate" else 0)
+        return counters
 
 
 def held_until(release: asyncio.Event, call: Callable[..., Awaitable[Any]], timeout: float = 10.0) -> Any:
@@ -176,7 +179,7 @@ def make_stack(aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: P
         # auto-sleep the engine may already be asleep again by the first look: settled is ready then.
         ready = ("RUNNING", "SLEEPING") if settings.idle_sleep_after_s is not None else ("RUNNING",)
         await stack.wait_for(lambda s: s["state"] in ready and not s["lifecycle_busy"])
-        stack.generate_baseline = stack.sim_count("generate")
+        stack.baseline = dict(stack._counters())
         return stack
 
     return make

@@ -107,6 +107,31 @@ async def test_1b_lie_memory_on_sleep_flags_asleep_but_nothing_freed_is_503_slee
     assert stack.sim.violations == []
 
 
+async def test_1b_a_sleep_whose_memory_check_outlived_a_restart_of_vllm_adopts_the_awake_engine(make_stack):
+    """Chaos seed 7 with checksums on (issue 49): a sleep's memory check polls the GPUs to its deadline, and vLLM died
+    and came back awake meanwhile; the flags read before it said asleep, so the proxy held the engine asleep but
+    unconfirmed, and answered the next /pause as recorded for the wake (untruthful: vLLM was awake and running)."""
+    stack = await make_stack()
+    stack.faults("sleep:lie-memory")  # flags asleep, nothing freed: the memory check polls to its deadline
+    verifier = stack.engine.verifier
+    read_memory = verifier.read_memory
+
+    async def restarted_under_the_memory_check() -> Any:
+        reading = await read_memory()
+        if stack.sim.is_sleeping:  # the sleep answered, its flags checked: vLLM dies and is back awake
+            stack.sim.die("killed while the proxy polled its memory")
+            stack.sim.restart()
+        return reading
+
+    verifier.read_memory = restarted_under_the_memory_check  # type: ignore[method-assign]
+    assert (await stack.client.post("/sleep?level=1")).status == 503
+    verifier.read_memory = read_memory  # type: ignore[method-assign]
+    assert (await stack.state())["state"] == "RUNNING"
+    pause = await stack.client.post("/pause")
+    assert pause.status == 200 and "X-Lifeguard-Deferred" not in pause.headers, await pause.text()
+    assert stack.sim.is_paused
+
+
 async def test_1c_a_sleep_from_paused_that_did_nothing_is_sent_again_not_answered_as_a_noop(make_stack):
     # Chaos run (seed 21): from PAUSED the flags already read asleep, so a /sleep that did nothing passed
     # them; the proxy took the engine for asleep and answered the next /sleep as a no-op on a paused engine.

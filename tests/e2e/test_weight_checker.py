@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import ClientResponse
 
-from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS
+from lifeguard_sim import weight_checker
+from lifeguard_sim.errors import EngineGone
+from lifeguard_sim.weight_checker import ALTERED_TENSOR, PREFIX, TENSORS, checksums
 from tests.e2e.conftest import Stack
 
 RELOAD = {"method": "reload_weights"}
@@ -158,6 +161,61 @@ async def test_a_wake_that_restores_other_weights_is_503_naming_the_tensor_and_h
     assert stack.sim.violations == []
 
 
+async def test_a_restarted_vllms_checkpoint_is_compared_across_a_level_1_cycle_too(make_stack):
+    """A restarted vLLM's weights are "restarted" (stale, and served: hold_while_weights_stale is off), and a level-1
+    wake must bring them back as much as trained ones. Its checksums were taken only on "current" weights: a wake that
+    restored other bytes then served them (issue 49, the chaos judge on every request)."""
+    stack = await make_stack(weight_checksums="always")
+    await _restarted_engine(stack)
+    assert (await stack.state())["weights_stale_reason"] == "restarted"
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 503 and (await resp.json())["error"]["reason"] == "verification_failed"
+    assert (await stack.state())["weights_stale_reason"] == "mismatch"
+    await _held_then_dropped(stack)
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_wake_sent_to_vllm_directly_is_checked_before_it_is_adopted(make_stack):
+    """No wake of the proxy's to verify: the reconcile loop finds vLLM awake where it held the weights asleep, and
+    compares the checksums taken before the sleep before it adopts the wake and lets inference go (issue 49)."""
+    stack = await make_stack(weight_checksums="always")
+    assert (await stack.client.post("/sleep?level=1")).status == 200
+    stack.faults("wake_up:lie-weights")
+    await stack.sim.wake_up(None)  # behind the proxy's back
+
+    state = await stack.wait_for(lambda s: s["state"] == "RUNNING")
+    assert state["weights_stale_reason"] == "mismatch", state
+    await _held_then_dropped(stack)
+    assert (await stack.client.post("/collective_rpc", json=RELOAD)).status == 200
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_stream_kept_through_a_level_1_sleep_is_ended_before_a_checked_wake(make_stack):
+    """Chaos seeds 42 and 399 with checksums on (issue 49): requests vLLM kept through a `mode=keep` level-1 sleep
+    resume as vLLM wakes, before the weights can be read, and ran on weights that failed their checksums. With
+    checksums to compare, they are ended before the wake, as a level-2 sleep's are."""
+    stack = await make_stack(weight_checksums="always")
+    stream = stack.completion_in_background(stream=True, max_tokens=2000)
+    await stack.wait_for(lambda s: s["inflight_requests"] == 1)
+    assert (await stack.client.post("/sleep?level=1&mode=keep")).status == 200  # vLLM keeps the stream, frozen
+    stack.faults("wake_up:lie-weights")
+
+    resp = await stack.client.post("/wake_up")
+
+    assert resp.status == 503 and (await resp.json())["error"]["reason"] == "verification_failed"
+    ended = await stream
+    assert ended.status == 200 and b"aborted_by_sleep" in await ended.read()  # the stream's error event
+    assert stack.sim.violations == []  # nothing ran on the other weights
+    await _held_then_dropped(stack)
+
+
 async def test_off_takes_no_checksum_and_passes_the_same_lying_wake(make_stack):
     stack = await make_stack(weight_checksums="off")
     assert (await stack.client.post("/sleep?level=1")).status == 200
@@ -186,6 +244,92 @@ async def test_a_reload_that_does_not_produce_the_checkpoint_is_503_and_held_unt
     assert resp.status == 200, await resp.text()
     assert (await stack.state())["weights_stale"] is False
     assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoints_checksums(make_stack):
+    """Seed 399 of make chaos-engines (issue 49): vLLM died under a /sleep and was back before a reconcile round
+    looked, started from another checkpoint. Only a reconcile round's unanswered read opened the checkpoint's
+    window: the proxy kept the old checkpoint's checksums, every later reload 'did not produce the checkpoint', and
+    the engine stayed held through the run's recovery."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
+    sim = stack.sim
+
+    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+        sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+        sim.die("killed under /sleep")
+        sim.restart()
+        raise EngineGone
+
+    sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
+    assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
+    state = await stack.wait_for(lambda s: s["weight_checksums"]["checkpoint_at"] != taken)
+    assert state["weight_checksums"]["checkpoint_tensors"] == 8
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+    assert resp.status == 200, await resp.text()
+    assert stack.sim.violations == []
+
+
+async def test_a_restarted_vllms_checkpoint_is_read_before_a_level_2_sleep_discards_it(make_stack):
+    """Seed 399 of make chaos-engines again (issue 49): a swapped engine, restarted from another checkpoint, served
+    requests (a reconcile round reads the checkpoint's checksums only while idle) until the swap's level-2 sleep
+    discarded its weights, which closed the window on its checkpoint; the last process's checksums stayed, and every
+    later swap's reload 'did not produce the checkpoint'. The window is used before the weights change now."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    sim = stack.sim
+    stack.faults("generate:slow:3")
+    in_flight = stack.completion_in_background()  # inside vLLM for 3 s: no round is idle meanwhile
+    await stack.wait_for(lambda s: s["inflight_requests"] == 1)
+
+    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+        sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+        sim.die("killed under /sleep")
+        sim.restart()
+        raise EngineGone
+
+    sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
+    assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
+    del sim.sleep  # vLLM's own /sleep again
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    assert (await stack.client.post("/wake_up")).status == 200
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+    assert resp.status == 200, await resp.text()
+    assert (await in_flight).status in (200, 503)  # ended by the level-2 sleep, or answered before it
+    assert (await stack.completion()).status == 200
+    assert stack.sim.violations == []
+
+
+async def test_a_restarted_vllm_is_never_compared_with_the_last_processs_checksums(make_stack, monkeypatch):
+    """Seed 7 of make chaos-engines with checksums on (issue 49): a restart the reconcile loop saw, from another
+    checkpoint, whose own checksums were not read (here: vLLM's first answer to /weight_checker is a 500); the last
+    process's stayed, and the reload 'did not produce the checkpoint' (8 of 8 tensors), the engine held for good.
+    They are forgotten when a new process is seen: the reload is unchecked until this one's are read."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    sim = stack.sim
+    unread = asyncio.Event()
+
+    def first_read_fails(engine: Any) -> dict[str, str]:
+        monkeypatch.setattr(weight_checker, "checksums", checksums)
+        unread.set()
+        raise RuntimeError("the first read after the restart fails")
+
+    monkeypatch.setattr(weight_checker, "checksums", first_read_fails)
+    sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
+    sim.die("restarted from another checkpoint")
+    await stack.wait_state("FAILED")
+    sim.restart()
+    await asyncio.wait_for(unread.wait(), 5)
+    await stack.wait_for(lambda s: s["state"] == "RUNNING" and not s["lifecycle_busy"])
+
+    resp = await stack.client.post("/collective_rpc", json=RELOAD)
+
+    assert resp.status == 200, await resp.text()
+    state = await stack.state()
+    assert state["weights_stale"] is False and state["weight_checksums"]["last_check"]["result"] == "unavailable"
     assert stack.sim.violations == []
 
 

@@ -76,7 +76,7 @@ def test_memory_a_worker_rpc_put_to_sleep_stays_asleep_through_reconcile_and_kee
     metrics = Metrics(
         CollectorRegistry(), version="x", engines=["default"], states=[s.value for s in State], operations=["sleep"]
     ).engine("default")
-    record = EngineRecord(metrics, lambda: None, on_weights_discarded=lambda: ended.append(True))
+    record = EngineRecord(metrics, lambda: None, on_weights_discarded=lambda _why: ended.append(True))
     record.reconcile_with(AWAKE)
     record.paused_by_user("keep")
     record.settle(State.PAUSED)

@@ -34,6 +34,14 @@ def test_an_open_weight_update_session_reads_back_and_is_said_in_words(tmp_path:
     assert str(facts) == "weights discarded; a weight update session open on the model"
 
 
+def test_the_weights_checksums_before_a_sleep_read_back_as_one_digest(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    facts = PersistedFacts(asleep_tags=("kv_cache", "weights"), sleep_level=1, weights_before_sleep="ab" * 32)
+    StateFile(str(path)).save(facts)
+    assert StateFile(str(path)).load() == facts
+    assert str(facts).endswith("the weights' checksums before the sleep")
+
+
 def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"weights_stale": None, "user_pause": None}))
@@ -52,6 +60,7 @@ def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_pa
         {"weights_stale": "maybe"},
         {"weight_update_session": "everything"},
         {"weight_update_session": "model", "session_returns_to": "ASLEEP"},
+        {"weights_before_sleep": {"tp0:w": "ab"}},
         ["not", "an", "object"],
     ],
 )

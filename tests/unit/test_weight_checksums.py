@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
+from proxy.errors import UpstreamUnreachable
 from proxy.lifecycle.record import EngineRecord
 from proxy.lifecycle.rules import Admission, Staleness, admission, serving_refusal
 from proxy.lifecycle.state_file import PersistedFacts, StateFile
@@ -84,24 +85,30 @@ def test_an_answer_without_checksums_is_refused_saying_why(payload: object) -> N
         parse_checksums(payload)
 
 
+async def _refused(checksums: WeightChecksums) -> None:
+    """A call through the checksums' client that nothing accepts (port 9 on loopback: no listener)."""
+    with pytest.raises(UpstreamUnreachable, match="refused"):
+        await checksums._client.call("POST", "/sleep")
+
+
 async def test_the_checkpoint_is_due_only_while_the_weights_are_known_to_be_the_checkpoints() -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         checksums = _checksums("reloads", session)
         off = _checksums("off", session)
-    checksums.engine_answers()
-    assert not checksums.checkpoint_due  # started in front of a running vLLM: its weights may be trained ones
-    checksums.engine_gone()  # refused: nothing listens
-    checksums.engine_answers()  # a process started since
-    assert checksums.checkpoint_due
-    checksums.weights_changed()  # an update got in first
-    assert not checksums.checkpoint_due
-    checksums.engine_gone()
-    checksums.weights_changed()  # the record's own "restarted" mark, made when vLLM is back
-    checksums.engine_answers()
-    assert checksums.checkpoint_due
-    off.engine_gone()
-    off.engine_answers()
-    assert not off.checkpoint_due
+        checksums.engine_answers()
+        assert not checksums.checkpoint_due  # started in front of a running vLLM: its weights may be trained ones
+        await _refused(checksums)  # any call's: nothing listens (a lifecycle call's too)
+        checksums.engine_answers()  # a process started since
+        assert checksums.checkpoint_due
+        checksums.weights_changed()  # an update got in first
+        assert not checksums.checkpoint_due
+        await _refused(checksums)
+        checksums.weights_changed()  # the record's own "restarted" mark, made when vLLM is back
+        checksums.engine_answers()
+        assert checksums.checkpoint_due
+        await _refused(off)
+        off.engine_answers()
+        assert not off.checkpoint_due
 
 
 async def test_no_checkpoint_known_makes_the_reload_check_unavailable_not_failed() -> None:
@@ -113,7 +120,8 @@ async def test_no_checkpoint_known_makes_the_reload_check_unavailable_not_failed
 
 
 def _running_record(ended: list[bool]) -> EngineRecord:
-    record = EngineRecord(_metrics().engine("default"), lambda: None, on_weights_discarded=lambda: ended.append(True))
+    metrics = _metrics().engine("default")
+    record = EngineRecord(metrics, lambda: None, on_weights_discarded=lambda _why: ended.append(True))
     record.reconcile_with(AWAKE)
     return record
 
