@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import cast
 
 from lifeguard_sim import errors
+from lifeguard_sim.checkpoint import NEEDS_AWAKE, NEEDS_SLEEP_MODE, Checkpoint, CheckpointState
 from lifeguard_sim.errors import EngineGone
+from lifeguard_sim.fault_tolerance import FaultTolerance
 from lifeguard_sim.faults import FaultBook, Fired
 from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
 from lifeguard_sim.prefix_cache import PrefixCache
-from lifeguard_sim.scheduler import PauseState, Scheduler
+from lifeguard_sim.scheduler import PauseState, Scheduler, SimRequest, spans
 from lifeguard_sim.settings import SimSettings
 from lifeguard_sim.shared_gpu import SharedGpuFile
 from lifeguard_sim.versions import profile
@@ -62,6 +64,8 @@ _PAUSE_FLUSH_SECONDS = 0.02
 
 class Engine:
     def __init__(self, settings: SimSettings, on_gone: Callable[[str], None] = lambda _why: None) -> None:
+        if (problem := settings.problem()) is not None:
+            raise ValueError(problem)
         self.settings = settings
         self.profile = profile(settings.vllm_version)
         self.faults = FaultBook(settings.seed, settings.faults)
@@ -71,6 +75,7 @@ class Engine:
             kv_gib=settings.kv_gib,
             overhead_gib=settings.overhead_gib,
             total_gib=settings.total_gib,
+            keep_backups=self.profile.keeps_host_backups,
         )
         self.scheduler = Scheduler()
         self.counters: Counter[str] = Counter()
@@ -79,6 +84,7 @@ class Engine:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._watchdog: asyncio.TimerHandle | None = None
+        self._ft_deadline: asyncio.TimerHandle | None = None
         self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
         self._shared = None
         if self._gpu_file is not None and settings.gpu_file_engine:
@@ -87,6 +93,8 @@ class Engine:
             )
         self._written: dict[str, object] | None = None
         self.death_reason: str | None = None
+        # Told of every generation request's end (the chaos journal's `answer` lines): which weights produced it.
+        self.on_answer: Callable[[dict[str, object]], None] | None = None
         self._epoch = 0
         self._set_fresh_state()
 
@@ -113,7 +121,16 @@ class Engine:
         # fp8_kv_cache: the attention layers' _q_scale was lost with discarded weights (a broadcast does not carry it).
         self.q_scale_lost = False
         self.weight_version = "default"
-        self.prefix_cache = PrefixCache(self.settings.block_size)  # a new process starts with an empty one
+        # A failed /update_weights chunk left parameters on the meta device or half written ("340 / 340 tensors on
+        # meta"): the next model step kills the engine, until a finished session or a reload replaces them (the
+        # `partial` fault; vLLM PR #57854 is not in 0.34).
+        self.weights_partial = False
+        # A stall behind a healthy /health (the `stall:S` fault): no request steps until this time.monotonic().
+        self.stalled_until = 0.0
+        # A new process starts with an empty prefix cache, and an empty CPU offload tier (an SSD tier could outlive
+        # it; not modelled).
+        self.offload_tier = PrefixCache(self.settings.block_size) if self.settings.kv_connector else None
+        self.prefix_cache = PrefixCache(self.settings.block_size, lower=self.offload_tier)
         self.weights_committed_at = 0.0  # time.time() of the last answered weight change (finish, reload)
         self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
         self.garbage = False
@@ -136,7 +153,18 @@ class Engine:
         self.errored = False
         self.wedged: set[str] = set()
         self.sleep_metric = _AWAKE_METRIC
+        # Pools a sleep freed whose 500 (the freed-500 fault) kept the executor from recording them asleep.
+        self.sleep_unrecorded: set[str] = set()
+        self.checkpoint = Checkpoint()
+        s = self.settings
+        self.ft = FaultTolerance(s.enable_fault_tolerance, s.data_parallel_size, s.data_parallel_rank)
         self.memory.reset()
+        if s.checkpoint_prepare_on_startup:
+            # EngineCoreProc's startup: checkpoint_prepare() in wait mode on an idle engine completes at once.
+            self.checkpoint.state = CheckpointState.PREPARING
+            self.reject_new_requests = True
+            self.scheduler.set_pause("wait")
+            self._release_for_checkpoint()
 
     @property
     def text_seed(self) -> str:
@@ -150,6 +178,8 @@ class Engine:
         """What the weights are, as /weight_checker's digests see them (lifeguard_sim/weight_checker.py)."""
         if self.weights_zeroed:
             return "zeros"
+        if self.weights_partial:
+            return f"partial:{self.text_seed}"
         if not self.weights_valid:
             return f"discarded:{self._epoch}"
         return self.text_seed
@@ -165,8 +195,9 @@ class Engine:
 
     @property
     def memory_asleep(self) -> set[str]:
-        """Pools not mapped: asleep through vLLM's executor, or through SkyRL's worker extension behind it."""
-        return self.executor_tags | self.worker_asleep
+        """Pools not mapped: asleep through vLLM's executor, or freed behind it (SkyRL's worker extension, a sleep
+        that answered 500 after freeing)."""
+        return self.executor_tags | self.worker_asleep | self.sleep_unrecorded
 
     @property
     def is_paused(self) -> bool:
@@ -226,6 +257,13 @@ class Engine:
             "q_scale_lost": self.q_scale_lost,
             "weight_version": self.weight_version,
             "weight_writes": self.weight_writes,
+            "weights_partial": self.weights_partial,
+            "sleep_unrecorded": sorted(self.sleep_unrecorded),
+            "checkpoint": self.checkpoint.body(),
+            "fault_tolerance": dict(self.ft.entry) if self.ft.enabled else None,
+            "stalled": self.stalled,
+            "prefix_cache_blocks": len(self.prefix_cache),
+            "offload_tier_blocks": None if self.offload_tier is None else len(self.offload_tier),
             "garbage": self.garbage,
             "reject_new_requests": self.reject_new_requests,
             "lora_adapters": dict(sorted(self.lora_adapters.items())),
@@ -242,6 +280,7 @@ class Engine:
                 "used_bytes": self.memory.used_bytes,
                 "total_bytes": self.memory.total_bytes,
                 "resident": sorted(self.memory.resident),
+                "host_bytes": self.memory.host_bytes,
             },
             "counters": dict(sorted(self.counters.items())),
             "running": self.scheduler.running,
@@ -321,9 +360,11 @@ class Engine:
         self.scheduler.notify()
 
     def _cancel_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        """Stop the old process's timers: the watchdog and the fault-tolerance deadline."""
+        for timer in (self._watchdog, self._ft_deadline):
+            if timer is not None:
+                timer.cancel()
+        self._watchdog = self._ft_deadline = None
 
     def violate(self, kind: str, detail: str, **extra: object) -> None:
         self.violations.append({"kind": kind, "detail": detail, "at": time.time(), **extra})
@@ -332,6 +373,10 @@ class Engine:
     async def enter(self, op: str, nominal_seconds: float = 0.0) -> Fired:
         self.counters[op] += 1
         self.check_alive()
+        if op != "generate" and self.ft.waiting:
+            # A faulted busy loop takes no utility call until it is told to recover (or dies).
+            await self.scheduler.until(lambda: not self.ft.waiting or self.errored)
+            self.check_alive()
         if op in self.wedged:
             raise errors.out_of_memory(op)
         fired = self.faults.draw(op)
@@ -354,11 +399,70 @@ class Engine:
     def after(self, fired: Fired) -> None:
         if fired.kind == "garbage":
             self.garbage = True
-        elif fired.kind == "lie-dead" and not self.errored:
-            self.errored = True
-            loop = asyncio.get_running_loop()
-            self._watchdog = loop.call_later(self.settings.watchdog_seconds, self.die, "watchdog: engine core died")
+        elif fired.kind == "lie-dead":
+            self.fail()
         self.publish()
+
+    def fail(self) -> None:
+        """The engine core died (EngineDeadError): /health 503, every call 500, and vLLM's API server exits on its
+        watchdog's next tick."""
+        if self.errored:
+            return
+        self.errored = True
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self.settings.watchdog_seconds, self.die, "watchdog: engine core died")
+
+    @property
+    def stalled(self) -> bool:
+        return time.monotonic() < self.stalled_until
+
+    def check_step(self) -> None:
+        """A model step of a running request: EngineDeadError instead of a token when the engine died, or when this
+        step kills it (partial weights: the forward pass meets parameters on the meta device; weights a failed sleep
+        unmapped behind the executor: an illegal memory access)."""
+        if self.weights_partial or "weights" in self.sleep_unrecorded:
+            self.fail()
+        if self.errored:
+            raise errors.engine_dead(self.profile.engine_dead_message)
+
+    def core_fault(self) -> None:
+        """The engine core's busy loop raised (the engine-fault fault). Without fault tolerance the engine dies; with
+        it every request is aborted and the loop waits for a recovery instruction, dying after the timeout."""
+        if not self.ft.enabled:
+            self.fail()
+            return
+        self.ft.on_fault("RuntimeError")
+        self.scheduler.abort()
+        loop = asyncio.get_running_loop()
+        self._ft_deadline = loop.call_later(self.settings.ft_recovery_seconds, self._ft_timed_out)
+
+    def _ft_timed_out(self) -> None:
+        if self.ft.waiting:
+            self.ft.on_timeout()
+            self.fail()
+            self.scheduler.notify()
+
+    def fault_tolerance_apply(self, instruction: str, params: dict[str, object], request_id: str) -> None:
+        """A recovery round, run after the route's 202 (a background task in vLLM)."""
+        self.counters["fault_tolerance_apply"] += 1
+        if self.ft.apply(instruction, params, request_id) is None and self._ft_deadline is not None:
+            self._ft_deadline.cancel()
+            self._ft_deadline = None
+        self.scheduler.notify()
+
+    def answered(self, req: SimRequest) -> None:
+        """A generation request ended: tell `on_answer` which weight-version labels and which weights produced it."""
+        if self.on_answer is not None:
+            self.on_answer(
+                {
+                    "request_id": req.request_id,
+                    "external_id": req.external_id,
+                    "finish_reason": req.finish_reason,
+                    "tokens": req.produced,
+                    "weight_versions": spans(req.version_starts, req.produced),
+                    "weights": spans(req.weights_starts, req.produced, key="weights"),
+                }
+            )
 
     def check_alive(self) -> None:
         if self.scheduler.gone:
@@ -366,23 +470,34 @@ class Engine:
         if self.errored:
             raise errors.engine_dead(self.profile.engine_dead_message)
 
+    def _refuse_in_checkpoint(self, op: str, action: str) -> None:
+        """vLLM 0.34's checkpoint guards in EngineCore.sleep / wake_up, through the utility call's failure."""
+        if (why := self.checkpoint.refusal(action)) is not None:
+            raise errors.method_failed(op, why)
+
+    def reset_caches(self, *, reset_connector: bool) -> None:
+        """EngineCore._reset_caches: the prefix cache (running requests preempted), and the KV connector's offload tier
+        when `reset_connector`. The simulator keeps a frozen request's blocks (see docs/simulator.md)."""
+        if self.scheduler.running == 0:
+            self.prefix_cache.reset()
+        if reset_connector and self.offload_tier is not None:
+            self.offload_tier.reset()
+
     # --- sleep family
-    async def sleep(self, level: int, mode: str) -> dict[str, object]:
+    async def sleep(self, level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
         fired = await self.enter("sleep", self.settings.sleep_seconds)
+        self._refuse_in_checkpoint("sleep", "sleep")
         started = time.monotonic()
         if fired.kind != "lie-asleep":
             await self.scheduler.pause(mode)
-            if level >= 1 and self.scheduler.running == 0:
-                self.prefix_cache.reset()  # EngineCore.sleep pauses with clear_cache for a level >= 1
+            if level >= 1:  # EngineCore.sleep pauses with clear_cache for a level >= 1
+                self.reset_caches(reset_connector=reset_connector)
             async with self._lock:
                 if not self.executor_tags and level == 0:
                     self.scheduling_asleep = True
                     self.sleep_level = 0
                 elif not self.executor_tags:
                     await asyncio.sleep(self.settings.sleep_seconds)
-                    self.executor_tags = set(_ALL_TAGS)
-                    self.scheduling_asleep = False
-                    self.sleep_level = level
                     if level >= 2:
                         self.weights_valid = False
                         self.q_scale_lost = self.settings.fp8_kv_cache
@@ -390,6 +505,17 @@ class Engine:
                         # Level 1 offloads the weights to CPU memory; level 2 discards them.
                         offload = {"weights"} if level == 1 else set()
                         await self._move(lambda: self.memory.release(_ALL_TAGS, offload=offload))
+                    if fired.kind == "freed-500":
+                        # Worker.sleep suspended the pools, then its assertion that the device's free memory did not
+                        # shrink tripped; Executor.sleep sets its sleeping tags only after the call returns, so it
+                        # never does (v1/worker/gpu_worker.py, v1/executor/abstract.py). The gauge stays awake.
+                        self.sleep_unrecorded = set(_ALL_TAGS)
+                        self.publish()
+                        raise errors.method_failed("sleep", "Memory usage increased after sleeping.")
+                    self.executor_tags = set(_ALL_TAGS)
+                    self.sleep_unrecorded = set()  # a sleep sent again after a freed-500 records them
+                    self.scheduling_asleep = False
+                    self.sleep_level = level
                     self.offload_altered = fired.kind == "lie-weights" and level == 1
         # vLLM re-records the gauge with the requested level even when the executor was already asleep.
         self.sleep_metric = (0, int(level == 1), int(level == 2))
@@ -399,13 +525,14 @@ class Engine:
 
     async def wake_up(self, tags: list[str] | None) -> dict[str, object]:
         fired = await self.enter("wake_up", self.settings.wake_seconds)
+        self._refuse_in_checkpoint("wake_up", "wake up")
         started = time.monotonic()
         if fired.kind == "lie-asleep":
             await asyncio.sleep(self.settings.wake_seconds)
             claimed = "awake"
         else:
-            if self.worker_asleep:
-                freed = sorted(self.worker_asleep)
+            if self.worker_asleep or self.sleep_unrecorded:
+                freed = sorted(self.worker_asleep | self.sleep_unrecorded)
                 self.violate("wake_up_while_worker_asleep", f"/wake_up resumed scheduling with {freed} freed")
             async with self._lock:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
@@ -440,9 +567,10 @@ class Engine:
         self.after(fired)
         return {"status": claimed, "tags": tags}
 
-    async def release_kv_cache_memory(self) -> dict[str, object]:
-        """vLLM 0.32's EngineCore.release_kv_cache_memory: from a completed pause, discard the KV cache only;
-        AsyncLLM then records the sleep-state gauge as asleep at no level (awake 0, both levels 0)."""
+    async def release_kv_cache_memory(self, reset_connector: bool = True) -> dict[str, object]:
+        """vLLM 0.32's EngineCore.release_kv_cache_memory: from a completed pause, reset the caches (the KV connector's
+        too, unless 0.34's `reset_connector` is false) and discard the KV cache only; AsyncLLM then records the
+        sleep-state gauge as asleep at no level (awake 0, both levels 0)."""
         fired = await self.enter("release_kv_cache_memory")
         if fired.kind != "lie-asleep":
             if not self.is_paused or self.scheduler.requests:
@@ -454,12 +582,77 @@ class Engine:
                     "release_kv_cache_memory",
                     "release_kv_cache_memory() requires all executor memory to be resident",
                 )
+            self.reset_caches(reset_connector=reset_connector)
             self.executor_tags = {"kv_cache"}
             if self.settings.sleep_mode and fired.kind != "lie-memory":
                 await self._move(lambda: self.memory.release({"kv_cache"}))
         self.sleep_metric = (0, 0, 0)
         self.after(fired)
         return {"status": "kv_cache_released"}
+
+    # --- the checkpoint lifecycle (vLLM 0.34, lifeguard_sim/checkpoint.py)
+    async def checkpoint_prepare(self, mode: str) -> str | None:
+        """EngineCoreProc.checkpoint_prepare, from RUNNING: None once started (the drain may go on, the state is then
+        PREPARING), or why it cannot start, nothing changed."""
+        fired = await self.enter("checkpoint_prepare")
+        if fired.kind == "lie-asleep":
+            return None
+        if not self.settings.sleep_mode:
+            return NEEDS_SLEEP_MODE
+        if self.executor_tags:
+            return NEEDS_AWAKE
+        self.checkpoint.state = CheckpointState.PREPARING
+        self.reject_new_requests = mode != "keep"  # pause_generation(mode, clear_cache=False)
+        self.scheduler.set_pause(mode)
+        if self.scheduler.drained:
+            self._finish_prepare(fired)
+        else:  # PREPARING until the last running request ends
+            self.scheduler.on_drained.append(lambda: self._finish_prepare(fired))
+        return None
+
+    def _finish_prepare(self, fired: Fired) -> None:
+        """_finish_pause for a checkpoint: release_kv_cache_memory(), then the workers' communicators."""
+        if fired.kind == "checkpoint-fails":
+            self.checkpoint.fail(errors.OOM_MESSAGE)
+        else:
+            self._release_for_checkpoint()
+        self.after(fired)
+
+    def _release_for_checkpoint(self) -> None:
+        self.reset_caches(reset_connector=True)
+        self.executor_tags |= {"kv_cache"}
+        if self.settings.sleep_mode:
+            self.memory.release({"kv_cache"})
+        self.checkpoint.state = CheckpointState.PREPARED
+
+    async def checkpoint_restore(self) -> None:
+        """EngineCoreProc.checkpoint_restore, from PREPARED: the workers' communicators, then wake_up(["kv_cache"]),
+        whose resume makes the state RUNNING. A failure (a wake out of memory on a shared device included) is FAILED
+        and raised."""
+        fired = await self.enter("checkpoint_restore", self.settings.wake_seconds)
+        if fired.kind == "lie-asleep" or self.checkpoint.state is not CheckpointState.PREPARED:
+            return
+        self.checkpoint.state = CheckpointState.RESTORING
+        try:
+            if fired.kind == "checkpoint-fails":
+                raise errors.method_failed("checkpoint_restore", errors.OOM_MESSAGE)
+            async with self._lock:
+                added = self.memory.added_by({"kv_cache"})
+                if "kv_cache" in self.executor_tags and self._shared and not self._reserve(added):
+                    raise errors.out_of_memory("checkpoint_restore")
+                await asyncio.sleep(self.settings.wake_seconds)
+                self.executor_tags -= {"kv_cache"}
+                await self._move(lambda: self.memory.restore({"kv_cache"}))
+                self.publish()
+        except errors.EngineHTTPError as exc:
+            self.checkpoint.fail(errors.OOM_MESSAGE)
+            self.publish()
+            raise exc
+        if not self.executor_tags:
+            self.sleep_level = None
+            self.scheduling_asleep = False
+            self._resume_scheduler()
+        self.after(fired)
 
     # --- pause family
     async def pause(self, mode: str) -> dict[str, object]:
@@ -474,6 +667,8 @@ class Engine:
 
     async def resume(self) -> dict[str, object]:
         fired = await self.enter("resume")
+        if (why := self.checkpoint.refusal("resume scheduling")) is not None:
+            raise errors.plain_error(500, f"Failed to resume generation: Call to resume_scheduler method failed: {why}")
         if fired.kind != "lie-asleep":
             if self.memory_asleep:
                 self.violate("resume_while_asleep", f"/resume while {sorted(self.memory_asleep)} asleep")
@@ -485,9 +680,12 @@ class Engine:
         return {"status": "resumed"}
 
     def _resume_scheduler(self) -> None:
-        """EngineCoreProc.resume_scheduler: un-pause, and (0.33) take back a user pause's refusal of new requests."""
+        """EngineCoreProc.resume_scheduler: un-pause, (0.33) take back a user pause's refusal of new requests, and
+        (0.34) end a checkpoint restore."""
         self.reject_new_requests = False
         self.scheduler.resume()
+        if self.checkpoint.state is CheckpointState.RESTORING:
+            self.checkpoint.state = CheckpointState.RUNNING
 
     def abort_requests(self, ids: list[str] | None) -> dict[str, object]:
         self.counters["abort_requests"] += 1
@@ -504,12 +702,16 @@ class Engine:
         self.after(fired)
         return {"status": "ok", "target_version": target_version, "stats": {"fetch_s": 0.0}}
 
-    def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
+    def reset_prefix_cache(self, reset_running: bool, reset_external: bool = False) -> dict[str, object]:
+        """Scheduler.reset_prefix_cache: the GPU prefix cache (failing while a request holds blocks), and with
+        `reset_external` the KV connector's tier, tried even when the first failed."""
         self.counters["reset_prefix_cache"] += 1
         self.check_alive()
         success = reset_running or self.scheduler.running == 0
         if success:
             self.prefix_cache.reset()
+        if reset_external and self.offload_tier is not None:
+            self.offload_tier.reset()
         return {"success": success}
 
     # --- weights
@@ -534,7 +736,7 @@ class Engine:
                 self.q_scale_lost = False  # the checkpoint's scales come back with it
                 self.weight_writes = 0  # reloaded from the model's files on disk: the checkpoint again
                 self.weights_committed_at = time.time()
-                self.weights_zeroed = False
+                self.weights_zeroed = self.weights_partial = False
                 # lie-weights: the checkpoint's file changed on disk since the start
                 self.weights_altered = fired.kind == "lie-weights"
         self.after(fired)
@@ -690,6 +892,13 @@ class Engine:
             # SkyRL's DeltaWeightTransferEngine: LocalCheckpointStore.validate_ready before the reload.
             self.weight_update_active = False
             raise errors.worker_failed(f"delta checkpoint version {version} was not fetched (/fetch_weights first)")
+        if fired.kind == "partial":
+            # Worker.update_weights ends the session on any failure of the transfer engine (v1/worker/gpu_worker.py),
+            # here ipc_engine.py's handle lookup after some tensors were already loaded.
+            self.weight_update_active = self.weight_update_draft = False
+            self.weights_partial = True
+            uuid = self.settings.gpu_uuids[0]
+            raise errors.worker_failed(f"IPC handle not found for GPU UUID {uuid}. Available UUIDs: ['GPU-trainer-0']")
         if self.weight_update_draft:
             self.draft_weight_writes += 1
         elif self.lora_round_target is None:
@@ -712,7 +921,7 @@ class Engine:
                 self.weights_valid = True
                 self.garbage = False
                 self.weights_committed_at = time.time()
-                self.weights_zeroed = self.weights_altered = False
+                self.weights_zeroed = self.weights_altered = self.weights_partial = False
             if version is not None:
                 self.weight_version = version
         self.after(fired)
