@@ -4,12 +4,15 @@ mid-stream, and the journal's record of each answer (`Engine.on_answer`)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lifeguard_sim.versions import ENGINE_DEAD_CLIENT_MESSAGE
 from lifeguard_sim.weight_checker import checksums
+from tests.chaos.chaos_checks import journal_entries
+from tests.chaos.sim_process import Journal, instrument
 from tests.conformance.api import StreamResult, eventually, settled_chunks
 from tests.sim.conftest import Sim, SimFactory
 
@@ -108,3 +111,19 @@ async def test_each_answer_is_told_with_its_labels_and_its_weights(make_sim: Sim
     ]
     # The label changed, the weights did not: the record tells them apart.
     assert told[0]["weights"] == told[1]["weights"] == [{"weights": "0", "start": 0, "end": 3}]
+
+
+async def test_the_chaos_journal_records_each_answers_labels_and_weights(make_sim: SimFactory, tmp_path: Path) -> None:
+    sim = await make_sim()
+    path = tmp_path / "journal.jsonl"
+    instrument(sim.engine, Journal(str(path)))
+    await _post(sim, "/update_weight_version", {"new_version": "step-3"})
+    await sim.api.completion(max_tokens=2, ignore_eos=True)
+
+    async def answered() -> bool:
+        return any(e["ev"] == "answer" for e in journal_entries(path))
+
+    await eventually(answered, what="an answer line in the journal")
+    [answer] = [e for e in journal_entries(path) if e["ev"] == "answer"]
+    assert answer["weight_versions"] == [{"version": "step-3", "start": 0, "end": 2}]
+    assert answer["weights"] == [{"weights": "0", "start": 0, "end": 2}]
