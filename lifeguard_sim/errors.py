@@ -75,6 +75,18 @@ def http_exception(status: int, detail: str) -> EngineHTTPError:
     return EngineHTTPError(status, openai_error(detail, HTTPStatus(status).phrase, status))
 
 
+def http_json_object(raw: bytes, not_object: str) -> dict[str, Any]:
+    """A body a vLLM handler reads with `await raw_request.json()`: HTTPException 400 "Invalid JSON format" when it
+    does not parse, `not_object` when it is not an object."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise http_exception(400, "Invalid JSON format") from None
+    if not isinstance(body, dict):
+        raise http_exception(400, not_object)
+    return body
+
+
 def bad_request(message: str, param: str | None = None) -> EngineHTTPError:
     return EngineHTTPError(400, openai_error(message, "BadRequestError", 400, param))
 

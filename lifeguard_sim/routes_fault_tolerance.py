@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from lifeguard_sim import errors
@@ -27,12 +25,7 @@ _MEDIA_TYPE = "1 validation error:\n  Unsupported Media Type: Only 'application/
 async def apply(request: web.Request) -> web.Response:
     if request.content_type != "application/json":  # validate_json_request (serve/utils/api_utils.py)
         raise errors.EngineHTTPError(400, errors.openai_error(_MEDIA_TYPE, "Bad Request", 400))
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise errors.http_exception(400, "Invalid JSON format") from None
-    if not isinstance(body, dict):
-        raise errors.http_exception(400, "Request body must be a JSON object.")
+    body = errors.http_json_object(await request.read(), not_object="Request body must be a JSON object.")
     instruction = body.get("instruction")
     if not instruction:
         raise errors.http_exception(400, "'instruction' is required.")

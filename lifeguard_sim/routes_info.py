@@ -104,12 +104,7 @@ async def is_scaling_elastic_ep(request: web.Request) -> web.Response:
 
 async def scale_elastic_ep(request: web.Request) -> web.Response:
     """vLLM's handler (serve/elastic_ep/api_router.py), its checks in its order."""
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise errors.http_exception(400, "Invalid JSON format") from None
-    if not isinstance(body, dict):
-        raise errors.http_exception(400, "Invalid JSON format")
+    body = errors.http_json_object(await request.read(), not_object="Invalid JSON format")
     size = body.get("new_data_parallel_size")
     drain_timeout = body.get("drain_timeout", 120)
     if size is None:

@@ -8,7 +8,7 @@ vLLM source files are named where a behaviour lives. The sleep routes are byte-i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -51,42 +51,31 @@ class Profile:
 ENGINE_DEAD_LOG_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 ENGINE_DEAD_CLIENT_MESSAGE = "The server had an error while processing your request."
 
-PROFILES: dict[str, Profile] = {
-    "0.32": Profile(
-        version="0.32.0",
-        pause_rejects=False,
-        health_passes_elastic_gate=False,
-        elastic_status_fields=False,
-        retires_ranks=False,
-        decisions_route=False,
-        engine_dead_message=ENGINE_DEAD_LOG_MESSAGE,
-    ),
-    "0.33": Profile(
-        version="0.33.0",
-        pause_rejects=True,
-        health_passes_elastic_gate=True,
-        elastic_status_fields=True,
-        retires_ranks=True,
-        decisions_route=True,
-        # EngineDeadError.CLIENT_MESSAGE (v1/engine/exceptions.py); str(exc) keeps the old text for the logs.
-        engine_dead_message=ENGINE_DEAD_CLIENT_MESSAGE,
-        completion_spans=True,
-    ),
-    "0.34": Profile(
-        version="0.34.0",
-        pause_rejects=True,
-        health_passes_elastic_gate=True,
-        elastic_status_fields=True,
-        retires_ranks=True,
-        decisions_route=True,
-        engine_dead_message=ENGINE_DEAD_CLIENT_MESSAGE,
-        completion_spans=True,
-        checkpoint=True,
-        reset_connector_param=True,
-        fault_tolerance=True,
-        keeps_host_backups=True,
-    ),
-}
+V032 = Profile(
+    version="0.32.0",
+    pause_rejects=False,
+    health_passes_elastic_gate=False,
+    elastic_status_fields=False,
+    retires_ranks=False,
+    decisions_route=False,
+    engine_dead_message=ENGINE_DEAD_LOG_MESSAGE,
+)
+V033 = replace(
+    V032,
+    version="0.33.0",
+    pause_rejects=True,
+    health_passes_elastic_gate=True,
+    elastic_status_fields=True,
+    retires_ranks=True,
+    decisions_route=True,
+    # EngineDeadError.CLIENT_MESSAGE (v1/engine/exceptions.py); str(exc) keeps the old text for the logs.
+    engine_dead_message=ENGINE_DEAD_CLIENT_MESSAGE,
+    completion_spans=True,
+)
+V034 = replace(
+    V033, version="0.34.0", checkpoint=True, reset_connector_param=True, fault_tolerance=True, keeps_host_backups=True
+)
+PROFILES: dict[str, Profile] = {"0.32": V032, "0.33": V033, "0.34": V034}
 # What `--vllm-version` is when not given. Not the newest (0.34): the proxy's own tests run against the default.
 DEFAULT = "0.33"
 

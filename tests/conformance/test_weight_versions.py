@@ -25,6 +25,11 @@ def _spans(version: str, end: int) -> list[dict[str, Any]]:
     return [{"version": version, "start": 0, "end": end}]
 
 
+def _chat(vllm: VllmApi, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": "hi"}]
+    return {"model": vllm.model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+
+
 async def _sse(vllm: VllmApi, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     chunks = []
     async with vllm.session.post(vllm.base + path, json=body) as resp:
@@ -50,8 +55,7 @@ async def test_a_completion_that_asks_gets_one_span_per_choice_on_033_and_nothin
 
 async def test_the_spans_are_null_unless_asked_for(vllm: VllmApi, vllm_version: str) -> None:
     completion = (await vllm.completion(max_tokens=3)).body["choices"][0]
-    chat_body = {"model": vllm.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    chat = (await vllm.call("POST", "/v1/chat/completions", json_body=chat_body)).body["choices"][0]
+    chat = (await vllm.call("POST", "/v1/chat/completions", json_body=_chat(vllm, 3))).body["choices"][0]
     for choice in (completion, chat):
         if vllm_version == "0.32":
             assert "weight_versions" not in choice
@@ -63,14 +67,7 @@ async def test_the_label_is_the_one_last_set_even_without_a_weight_change(vllm: 
     relabel = await vllm.call("POST", "/update_weight_version", json_body={"new_version": "step-7"})
     assert (relabel.status, relabel.body) == (200, {"success": True, "new_version": "step-7"})
     assert (await vllm.get("/weight_info")).body == {"weight_version": "step-7"}
-    chat_body = {
-        "model": vllm.model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4,
-        "ignore_eos": True,
-        "return_weight_versions": True,
-    }
-    answer = await vllm.call("POST", "/v1/chat/completions", json_body=chat_body)
+    answer = await vllm.call("POST", "/v1/chat/completions", json_body=_chat(vllm, 4, return_weight_versions=True))
     if vllm_version != "0.32":
         assert answer.body["choices"][0]["weight_versions"] == _spans(
             "step-7", answer.body["usage"]["completion_tokens"]
@@ -93,14 +90,7 @@ async def test_a_completion_stream_writes_null_spans_until_the_finishing_chunk(
 
 
 async def test_a_chat_stream_writes_the_spans_on_its_finishing_chunk_only(vllm: VllmApi, vllm_version: str) -> None:
-    body = {
-        "model": vllm.model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4,
-        "ignore_eos": True,
-        "stream": True,
-        "return_weight_versions": True,
-    }
+    body = _chat(vllm, 4, stream=True, return_weight_versions=True)
     choices = [c["choices"][0] for c in await _sse(vllm, "/v1/chat/completions", body) if c["choices"]]
     if vllm_version == "0.32":
         assert all("weight_versions" not in ch for ch in choices)
