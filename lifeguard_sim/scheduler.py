@@ -58,7 +58,7 @@ def spans(starts: list[tuple[str, int]], produced: int, key: str = "version") ->
     """vLLM's `_weight_version_spans` as JSON (`WeightVersionSpan` in vllm/outputs.py): output tokens [start, end)
     under each label. Every simulated token has a label, so vLLM's None (tokens and no label) never arises; a request
     that produced nothing has []."""
-    ends = [start for _, start in starts[1:]] + [produced]
+    ends = [start for _, start in starts[1:]] + [produced] if starts else []
     return [{key: label, "start": start, "end": end} for (label, start), end in zip(starts, ends, strict=True)]
 
 

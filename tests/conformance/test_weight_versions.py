@@ -18,7 +18,7 @@ import asyncio
 import json
 from typing import Any
 
-from tests.conformance.api import StreamResult, VllmApi, settled_chunks
+from tests.conformance.api import StreamResult, VllmApi, engine_holds_one, settled_chunks
 
 
 def _spans(version: str, end: int) -> list[dict[str, Any]]:
@@ -73,6 +73,18 @@ async def test_the_label_is_the_one_last_set_even_without_a_weight_change(vllm: 
             "step-7", answer.body["usage"]["completion_tokens"]
         )
     await vllm.call("POST", "/update_weight_version", json_body={"new_version": "default"})
+
+
+async def test_a_request_ended_before_its_first_token_has_no_span(vllm: VllmApi, vllm_version: str) -> None:
+    assert (await vllm.post("/pause", mode="keep")).status == 200
+    request = asyncio.create_task(vllm.completion(max_tokens=4, return_weight_versions=True))
+    await engine_holds_one(vllm)
+    assert (await vllm.call("POST", "/abort_requests", json_body={})).status == 200
+    choice = (await asyncio.wait_for(request, 30)).body["choices"][0]
+    assert choice["finish_reason"] == "abort"
+    if vllm_version != "0.32":
+        assert choice["weight_versions"] == []  # no token, no span (vllm/v1/engine/output_processor.py)
+    assert (await vllm.post("/resume")).status == 200
 
 
 async def test_a_completion_stream_writes_null_spans_until_the_finishing_chunk(
