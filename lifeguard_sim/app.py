@@ -14,7 +14,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from lifeguard_sim import (
+    routes_checkpoint,
     routes_decisions,
+    routes_fault_tolerance,
     routes_generate,
     routes_info,
     routes_lifecycle,
@@ -100,12 +102,17 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     app[SIM_ENGINE] = engine
     app[LIVE_REQUESTS] = live
     routes_openai.add_routes(app)
-    routes_lifecycle.add_routes(app)
-    weight_checker.add_routes(app)
+    if settings.dev_mode:  # VLLM_SERVER_DEV_MODE=1: serve/dev/ and rl/online/ routers
+        routes_lifecycle.add_routes(app)
+        weight_checker.add_routes(app)
     routes_info.add_routes(app)
     routes_generate.add_routes(app, settings.enable_scale_out)
     if engine.profile.decisions_route:
         routes_decisions.add_routes(app)
+    if engine.profile.checkpoint and settings.sleep_mode:
+        routes_checkpoint.add_routes(app)
+    if settings.enable_fault_tolerance:
+        routes_fault_tolerance.add_routes(app)
     if settings.enable_lora:
         routes_lora.add_routes(app)
     trainer_servers.add_routes(app, frozenset(settings.trainer_servers))

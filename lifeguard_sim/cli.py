@@ -13,7 +13,7 @@ from lifeguard_sim.app import create_sim_app
 from lifeguard_sim.faults import KINDS, OPS, FaultSpecError, parse_fault
 from lifeguard_sim.memory import MemoryKind, MemoryUnavailable
 from lifeguard_sim.settings import SimSettings
-from lifeguard_sim.versions import NEWEST, PROFILES
+from lifeguard_sim.versions import DEFAULT, PROFILES
 
 _EPILOG = (
     "fault specs: OP:KIND[@N|@pP]  (once by default; @N = the next N calls; @pP = probability P per call,\n"
@@ -21,7 +21,8 @@ _EPILOG = (
     f"OP is one of: {', '.join(OPS)}\n\nKIND is one of:\n"
     + "\n".join(f"  {kind:<11} {text}" for kind, text in KINDS.items())
     + "\n\nexamples:\n  --fault wake_up:error500@1 --fault sleep:lie-dead@p0.1 --fault generate:slow:0.5@3\n\n"
-    "--vllm-version 0.32 behaves like vLLM 0.32.0 (as measured on vLLM-for-CPU); 0.33, the default, like 0.33.0.\n\n"
+    "--vllm-version 0.32 behaves like vLLM 0.32.0 (as measured on vLLM-for-CPU); 0.33, the default, like 0.33.0;\n"
+    "0.34 like 0.34.0 (the checkpoint lifecycle, reset_connector, fault tolerance, pinned host backups).\n\n"
     "sim-only routes: GET /sim/state (true engine state, memory, counters, violations),\n"
     "GET /sim/faults, POST /sim/faults (JSON list of specs; [] clears)."
 )
@@ -31,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = SimSettings()
     parser = argparse.ArgumentParser(
         prog="vllm-lifeguard sim",
-        description="A vLLM 0.32 or 0.33 stand-in that is faithful on every sleep/wake/pause/weight-update path "
-        "and can fail the ways vLLM fails.",
+        description="A vLLM 0.32, 0.33 or 0.34 stand-in that is faithful on every sleep/wake/pause/weight-update "
+        "path and can fail the ways vLLM fails.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -42,10 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", default=defaults.model, help="served model name (default: %(default)s)")
     add(
         "--vllm-version",
-        default=NEWEST,
+        default=DEFAULT,
         choices=list(PROFILES),
         help="the vLLM release to behave like: 0.33 refuses new requests during /pause?mode=abort|wait, exempts "
-        "/health from the elastic-EP gate, retires ranks and serves /v1/decisions (default: %(default)s)",
+        "/health from the elastic-EP gate, retires ranks, serves /v1/decisions and weight-version spans; 0.34 adds "
+        "the /checkpoint routes, reset_connector, fault tolerance and pinned host backups (default: %(default)s)",
     )
     add(
         "--sleep-seconds",
@@ -170,6 +172,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.scale_seconds,
         help="how long a /scale_elastic_ep commit takes, serving gated meanwhile (default: %(default)s)",
     )
+    add(
+        "--no-dev-mode",
+        action="store_true",
+        help="act like vLLM started without VLLM_SERVER_DEV_MODE=1: no sleep, pause, weight, cache, collective_rpc "
+        "or server_info routes (0.34's /checkpoint routes stay, with sleep mode)",
+    )
+    add(
+        "--checkpoint-prepare-on-startup",
+        action="store_true",
+        help="0.34: come up PREPARED (KV cache released, every request refused engine_paused, /health 200) until "
+        "POST /checkpoint/restore",
+    )
+    add(
+        "--kv-connector",
+        action="store_true",
+        help="a KV connector with a CPU offload tier (vLLM's --kv-transfer-config): blocks kept there survive a GPU "
+        "prefix-cache reset and serve later prompts, computed by whatever weights were loaded then",
+    )
+    add(
+        "--enable-fault-tolerance",
+        action="store_true",
+        help="0.34: serve /v1/fault_tolerance/{apply,status}; a faulted engine refuses requests 503 EngineFaultedError "
+        "until an apply heals it",
+    )
+    add(
+        "--ft-recovery-seconds",
+        type=float,
+        default=defaults.ft_recovery_seconds,
+        help="with --enable-fault-tolerance: how long a faulted engine waits for an instruction before it dies "
+        "(vLLM's engine_recovery_timeout_sec) (default: %(default)s)",
+    )
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
@@ -205,6 +238,11 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         trainer_servers=tuple(args.trainer_server),
         draft_model=args.draft_model,
         fp8_kv_cache=args.fp8_kv_cache,
+        dev_mode=not args.no_dev_mode,
+        checkpoint_prepare_on_startup=args.checkpoint_prepare_on_startup,
+        kv_connector=args.kv_connector,
+        enable_fault_tolerance=args.enable_fault_tolerance,
+        ft_recovery_seconds=args.ft_recovery_seconds,
     )
 
 
@@ -220,6 +258,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
             parse_fault(spec)
         except FaultSpecError as exc:
             parser.error(str(exc))
+    if (problem := settings_from(args).problem()) is not None:
+        parser.error(problem)
     return args
 
 

@@ -1,4 +1,5 @@
-"""The engine model, with no HTTP: sleep tags, pause state, weights, faults, counters, violations.
+"""The engine's operations, with no HTTP: sleep, wake, pause, resume, weight updates, LoRA, elastic EP and the
+process checkpoint, on the state `lifeguard_sim/engine_core.py` keeps.
 
 It follows vLLM 0.32 as measured (docs/real-vllm.md, and the conformance suite run against a real vLLM)
 and as read in its source (``vllm/v1/engine/core.py``, ``vllm/entrypoints/serve/dev/``):
@@ -13,7 +14,8 @@ and as read in its source (``vllm/v1/engine/core.py``, ``vllm/entrypoints/serve/
 
 Where releases differ (``--vllm-version``), ``self.profile`` says how (lifeguard_sim/versions.py): on 0.33 a
 ``/pause?mode=abort|wait`` also refuses new requests until the scheduler resumes, a scale-down of elastic EP can
-retire this rank, and the engine-death message is sanitised.
+retire this rank, and the engine-death message is sanitised; 0.34 adds the process checkpoint (sleep, wake and resume
+refused while it is not running), ``reset_connector`` and pinned host backups.
 
 Breaches of engine safety go to ``violations``: the proxy's end-to-end tests assert it stays empty.
 """
@@ -22,20 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 from lifeguard_sim import errors
-from lifeguard_sim.errors import EngineGone
-from lifeguard_sim.faults import FaultBook, Fired
-from lifeguard_sim.memory import MEMORY_TAGS, DeviceMemory, make_memory, write_gpu_file
-from lifeguard_sim.prefix_cache import PrefixCache
-from lifeguard_sim.scheduler import PauseState, Scheduler
-from lifeguard_sim.settings import SimSettings
-from lifeguard_sim.shared_gpu import SharedGpuFile
-from lifeguard_sim.versions import profile
+from lifeguard_sim.checkpoint import NEEDS_AWAKE, NEEDS_SLEEP_MODE, CheckpointState
+from lifeguard_sim.engine_core import AWAKE_METRIC, EngineCore
+from lifeguard_sim.faults import Fired
+from lifeguard_sim.memory import MEMORY_TAGS
 
 _ALL_TAGS = frozenset(MEMORY_TAGS)
 # The /collective_rpc methods of SkyRL's worker extension (skyrl/backends/skyrl_train/inference_servers/):
@@ -55,334 +51,26 @@ SKYRL_WORKER_RPCS = frozenset(
 )
 # SkyRL's marker path for an adapter built from tensors a weight update staged (weight_sync/lora_target.py).
 IN_MEMORY_LORA_PREFIX = "skyrl-memory://"
-_AWAKE_METRIC = (1, 0, 0)
 # vLLM's /pause handler sleeps 20 ms after the engine acknowledges, to let outputs flush.
 _PAUSE_FLUSH_SECONDS = 0.02
 
 
-class Engine:
-    def __init__(self, settings: SimSettings, on_gone: Callable[[str], None] = lambda _why: None) -> None:
-        self.settings = settings
-        self.profile = profile(settings.vllm_version)
-        self.faults = FaultBook(settings.seed, settings.faults)
-        self.memory: DeviceMemory = make_memory(
-            settings.memory,
-            weights_gib=settings.weights_gib,
-            kv_gib=settings.kv_gib,
-            overhead_gib=settings.overhead_gib,
-            total_gib=settings.total_gib,
-        )
-        self.scheduler = Scheduler()
-        self.counters: Counter[str] = Counter()
-        self.violations: list[dict[str, object]] = []
-        self._on_gone = on_gone
-        self._lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._gpu_file = Path(settings.gpu_file) if settings.gpu_file else None
-        self._shared = None
-        if self._gpu_file is not None and settings.gpu_file_engine:
-            self._shared = SharedGpuFile(
-                self._gpu_file, settings.gpu_file_engine, self.memory.total_bytes, tuple(settings.gpu_uuids)
-            )
-        self._written: dict[str, object] | None = None
-        self.death_reason: str | None = None
-        self._epoch = 0
-        self._set_fresh_state()
-
-    def _set_fresh_state(self) -> None:
-        self.executor_tags: set[str] = set()
-        self.scheduling_asleep = False  # a level-0 sleep: only the scheduler sleeps
-        self.sleep_level: int | None = None
-        self.weights_valid = True
-        # What /weight_checker's digests see (lifeguard_sim/weight_checker.py) besides the weights written: zeroed by a
-        # reset, and whether a lie-weights fault gave one tensor other bytes.
-        self.weights_zeroed = False
-        self.weights_altered = False
-        self.offload_altered = False  # a lie-weights sleep: the CPU copy of the weights holds other bytes
-        self.weight_update_active = False
-        self.weight_update_draft = False  # the open session writes the drafter (/start_draft_weight_update)
-        self.draft_weight_writes = 0
-        self.weight_transfer_initialized = False
-        # SkyRL 0.4.0's worker extension: pools its allocator sleep freed behind the executor, checkpoint-delta
-        # versions fetched to disk, the LoRA adapter the next round builds, and adapters staged by such rounds.
-        self.worker_asleep: set[str] = set()
-        self.fetched_versions: set[int] = set()
-        self.lora_round_target: str | None = None
-        self.staged_adapters: set[str] = set()
-        # fp8_kv_cache: the attention layers' _q_scale was lost with discarded weights (a broadcast does not carry it).
-        self.q_scale_lost = False
-        self.weight_version = "default"
-        self.prefix_cache = PrefixCache(self.settings.block_size)  # a new process starts with an empty one
-        self.weights_committed_at = 0.0  # time.time() of the last answered weight change (finish, reload)
-        self.weight_writes = 0  # /update_weights applied since the start: 0 is the initial checkpoint
-        self.garbage = False
-        self.lora_adapters: dict[str, str] = {}  # name -> path; a restarted vLLM has none
-        # Adapters still listed whose weights a wake lost (vLLM #53888): they answer like the base model.
-        self.lora_lost: set[str] = set()
-        # vLLM 0.33's EngineCoreProc.reject_new_requests: set by a user pause in abort or wait mode.
-        self.reject_new_requests = False
-        # Elastic EP (serve/elastic_ep/): the middleware's two process-local flags and the status store's view.
-        self.dp_size = self.settings.data_parallel_size
-        self.elastic_scaling = False
-        self.elastic_retired = False
-        self.elastic_phase = "idle"
-        self.elastic_epoch: int | None = None
-        self.elastic_error: str | None = None
-        self.elastic_requested: int | None = None
-        # Cleared while a trainer's server wrapper holds generation before the engine (AReaL's pause).
-        self.trainer_gate = asyncio.Event()
-        self.trainer_gate.set()
-        self.errored = False
-        self.wedged: set[str] = set()
-        self.sleep_metric = _AWAKE_METRIC
-        self.memory.reset()
-
-    @property
-    def text_seed(self) -> str:
-        """What greedy answers depend on: the model, and the weights written since the initial checkpoint
-        (a restarted vLLM answers like the checkpoint again, not like the trained weights)."""
-        seed = str(self.settings.seed)
-        return seed if not self.weight_writes else f"{seed}+{self.weight_writes}"
-
-    @property
-    def weights_held(self) -> str:
-        """What the weights are, as /weight_checker's digests see them (lifeguard_sim/weight_checker.py)."""
-        if self.weights_zeroed:
-            return "zeros"
-        if not self.weights_valid:
-            return f"discarded:{self._epoch}"
-        return self.text_seed
-
-    # --- observation
-    @property
-    def dead(self) -> bool:
-        return self.errored or self.scheduler.gone
-
-    @property
-    def asleep_tags(self) -> set[str]:
-        return self.executor_tags | ({"scheduling"} if self.scheduling_asleep else set())
-
-    @property
-    def memory_asleep(self) -> set[str]:
-        """Pools not mapped: asleep through vLLM's executor, or through SkyRL's worker extension behind it."""
-        return self.executor_tags | self.worker_asleep
-
-    @property
-    def is_paused(self) -> bool:
-        return self.scheduler.pause_state is not PauseState.UNPAUSED
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.is_paused or bool(self.executor_tags)
-
-    def model_seed(self, model: str) -> str:
-        """What a greedy answer of `model` (the base model or a LoRA adapter) depends on: an adapter answers
-        otherwise than the base model, unless a wake lost its weights."""
-        path = self.lora_adapters.get(model)
-        if path is None or model in self.lora_lost:
-            return self.text_seed
-        return f"{self.text_seed}|lora:{model}:{path}"
-
-    def elastic_gate(self, path: str) -> str | None:
-        """The message of the elastic-EP middleware's 503 for `path`, or None when it passes."""
-        if not (self.elastic_scaling or self.elastic_retired):
-            return None
-        if self.profile.health_passes_elastic_gate and path in ("/health", "/is_scaling_elastic_ep"):
-            return None
-        return errors.RETIRED_MESSAGE if self.elastic_retired else errors.SCALING_MESSAGE
-
-    def elastic_status(self) -> dict[str, object]:
-        """`/is_scaling_elastic_ep`'s body."""
-        if not self.profile.elastic_status_fields:
-            return {"is_scaling_elastic_ep": self.elastic_scaling}
-        scaling = self.elastic_phase in ("preparing", "committing")
-        return {
-            "is_scaling_elastic_ep": scaling,
-            "phase": self.elastic_phase,
-            "epoch": self.elastic_epoch,
-            "error": self.elastic_error,
-            "requested_data_parallel_size": self.elastic_requested,
-        }
-
-    def state_dict(self) -> dict[str, object]:
-        return {
-            "vllm_version": self.profile.version,
-            "asleep_tags": sorted(self.asleep_tags),
-            "sleep_level": self.sleep_level,
-            "is_sleeping": self.is_sleeping,
-            "paused": self.is_paused,
-            "pause_state": self.scheduler.pause_state.value,
-            "dead": self.dead,
-            "errored": self.errored,
-            "process_gone": self.scheduler.gone,
-            "weights_valid": self.weights_valid,
-            "weight_update_active": self.weight_update_active,
-            "weight_update_draft": self.weight_update_draft,
-            "draft_weight_writes": self.draft_weight_writes,
-            "worker_asleep": sorted(self.worker_asleep),
-            "fetched_versions": sorted(self.fetched_versions),
-            "staged_adapters": sorted(self.staged_adapters),
-            "q_scale_lost": self.q_scale_lost,
-            "weight_version": self.weight_version,
-            "weight_writes": self.weight_writes,
-            "garbage": self.garbage,
-            "reject_new_requests": self.reject_new_requests,
-            "lora_adapters": dict(sorted(self.lora_adapters.items())),
-            "lora_lost": sorted(self.lora_lost),
-            "elastic_ep": {
-                "scaling": self.elastic_scaling,
-                "retired": self.elastic_retired,
-                "data_parallel_size": self.dp_size,
-                "data_parallel_rank": self.settings.data_parallel_rank,
-                **self.elastic_status(),
-            },
-            "wedged": sorted(self.wedged),
-            "memory": {
-                "used_bytes": self.memory.used_bytes,
-                "total_bytes": self.memory.total_bytes,
-                "resident": sorted(self.memory.resident),
-            },
-            "counters": dict(sorted(self.counters.items())),
-            "running": self.scheduler.running,
-            "waiting": self.scheduler.waiting,
-            "violations": list(self.violations),
-            "faults": self.faults.active(),
-        }
-
-    def check_health(self) -> bool:
-        if self.scheduler.gone:
-            raise EngineGone
-        # vLLM 0.33 AsyncLLM.check_health returns before looking at the engine on a retired rank.
-        return self.elastic_retired or not self.errored
-
-    # --- control of the simulated process
-    def set_faults(self, specs: list[str]) -> None:
-        self.faults.replace(specs)
-
-    def publish(self) -> None:
-        """Write the GPU file when memory moved (and once at start)."""
-        snapshot = self.memory.snapshot()
-        if self._gpu_file is not None and snapshot != self._written:
-            if self._shared is not None:
-                self._shared.publish(snapshot)
-            else:
-                write_gpu_file(self._gpu_file, snapshot)
-            self._written = snapshot
-
-    def _reserve(self, added: int) -> bool:
-        """Take ``added`` bytes more on the shared device now, in the same locked step as the check that they
-        fit: vLLM allocates as it wakes, so another engine's claim during the wake's duration must find them
-        gone (seed 5 of the two-engine chaos run: a check, the wake's sleep, then the publish let a restart's
-        claim in between, 100 of 80 GiB). False: no room, nothing taken."""
-        assert self._shared is not None
-        used = self.memory.used_bytes + added
-        snapshot = self.memory.snapshot()
-        devices = cast(list[dict[str, object]], snapshot["devices"])
-        own = {**snapshot, "used_bytes": used, "devices": [{**device, "used_bytes": used} for device in devices]}
-        if self._shared.claim(own) is None:
-            return False
-        self._written = own
-        return True
-
-    async def _move(self, move: Callable[[], bool]) -> None:
-        """Real device memory moves off the event loop: vLLM's API server answers /health meanwhile."""
-        if self.memory.blocking:
-            await asyncio.to_thread(move)
-        else:
-            move()
-
-    def die(self, reason: str) -> None:
-        """The process ends: every connection resets. In-process the app keeps resetting until restart."""
-        if self.scheduler.gone:
-            return
-        self.death_reason = reason
-        self._cancel_watchdog()
-        self._epoch += 1
-        self.scheduler.gone = True
-        self.scheduler.notify()
-        self._on_gone(reason)
-
-    def restart(self) -> None:
-        """A fresh process: awake, unpaused, initial weights; counters and violations are kept."""
-        self._cancel_watchdog()
-        self._epoch += 1
-        self.scheduler.reset()
-        self._set_fresh_state()
-        self.death_reason = None
-        self.counters["restart"] += 1
-        self.publish()
-
-    def shutdown(self) -> None:
-        """App shutdown: hung calls and held requests stop waiting so teardown never blocks."""
-        self._cancel_watchdog()
-        self._stopping.set()
-        self.scheduler.gone = True
-        self.scheduler.notify()
-
-    def _cancel_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-
-    def violate(self, kind: str, detail: str, **extra: object) -> None:
-        self.violations.append({"kind": kind, "detail": detail, "at": time.time(), **extra})
-
-    # --- the fault-aware frame every operation runs in
-    async def enter(self, op: str, nominal_seconds: float = 0.0) -> Fired:
-        self.counters[op] += 1
-        self.check_alive()
-        if op in self.wedged:
-            raise errors.out_of_memory(op)
-        fired = self.faults.draw(op)
-        if fired.extra_seconds:
-            await asyncio.sleep(fired.extra_seconds)
-        if fired.kind in ("error500", "wedge"):
-            if fired.kind == "wedge":
-                self.wedged.add(op)
-            raise errors.out_of_memory(op)
-        if fired.kind == "hang":
-            epoch = self._epoch
-            await self.scheduler.until(lambda: self._stopping.is_set() or self._epoch != epoch)
-            raise EngineGone
-        if fired.kind == "crash" and op != "generate":
-            await asyncio.sleep(nominal_seconds / 2)
-            self.die(f"crash fault during {op}")
-            raise EngineGone
-        return fired
-
-    def after(self, fired: Fired) -> None:
-        if fired.kind == "garbage":
-            self.garbage = True
-        elif fired.kind == "lie-dead" and not self.errored:
-            self.errored = True
-            loop = asyncio.get_running_loop()
-            self._watchdog = loop.call_later(self.settings.watchdog_seconds, self.die, "watchdog: engine core died")
-        self.publish()
-
-    def check_alive(self) -> None:
-        if self.scheduler.gone:
-            raise EngineGone
-        if self.errored:
-            raise errors.engine_dead(self.profile.engine_dead_message)
-
+class Engine(EngineCore):
     # --- sleep family
-    async def sleep(self, level: int, mode: str) -> dict[str, object]:
+    async def sleep(self, level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
         fired = await self.enter("sleep", self.settings.sleep_seconds)
+        self._refuse_in_checkpoint("sleep", "sleep")
         started = time.monotonic()
         if fired.kind != "lie-asleep":
             await self.scheduler.pause(mode)
-            if level >= 1 and self.scheduler.running == 0:
-                self.prefix_cache.reset()  # EngineCore.sleep pauses with clear_cache for a level >= 1
+            if level >= 1:  # EngineCore.sleep pauses with clear_cache for a level >= 1
+                self.reset_caches(reset_connector=reset_connector)
             async with self._lock:
                 if not self.executor_tags and level == 0:
                     self.scheduling_asleep = True
                     self.sleep_level = 0
                 elif not self.executor_tags:
                     await asyncio.sleep(self.settings.sleep_seconds)
-                    self.executor_tags = set(_ALL_TAGS)
-                    self.scheduling_asleep = False
-                    self.sleep_level = level
                     if level >= 2:
                         self.weights_valid = False
                         self.q_scale_lost = self.settings.fp8_kv_cache
@@ -390,6 +78,17 @@ class Engine:
                         # Level 1 offloads the weights to CPU memory; level 2 discards them.
                         offload = {"weights"} if level == 1 else set()
                         await self._move(lambda: self.memory.release(_ALL_TAGS, offload=offload))
+                    if fired.kind == "freed-500":
+                        # Worker.sleep suspended the pools, then its assertion that the device's free memory did not
+                        # shrink tripped; Executor.sleep sets its sleeping tags only after the call returns, so it
+                        # never does (v1/worker/gpu_worker.py, v1/executor/abstract.py). The gauge stays awake.
+                        self.sleep_unrecorded = set(_ALL_TAGS)
+                        self.publish()
+                        raise errors.method_failed("sleep", "Memory usage increased after sleeping.")
+                    self.executor_tags = set(_ALL_TAGS)
+                    self.sleep_unrecorded = set()  # a sleep sent again after a freed-500 records them
+                    self.scheduling_asleep = False
+                    self.sleep_level = level
                     self.offload_altered = fired.kind == "lie-weights" and level == 1
         # vLLM re-records the gauge with the requested level even when the executor was already asleep.
         self.sleep_metric = (0, int(level == 1), int(level == 2))
@@ -399,13 +98,14 @@ class Engine:
 
     async def wake_up(self, tags: list[str] | None) -> dict[str, object]:
         fired = await self.enter("wake_up", self.settings.wake_seconds)
+        self._refuse_in_checkpoint("wake_up", "wake up")
         started = time.monotonic()
         if fired.kind == "lie-asleep":
             await asyncio.sleep(self.settings.wake_seconds)
             claimed = "awake"
         else:
-            if self.worker_asleep:
-                freed = sorted(self.worker_asleep)
+            if self.worker_asleep or self.sleep_unrecorded:
+                freed = sorted(self.worker_asleep | self.sleep_unrecorded)
                 self.violate("wake_up_while_worker_asleep", f"/wake_up resumed scheduling with {freed} freed")
             async with self._lock:
                 wanted = set(self.executor_tags) if tags is None else set(tags) - {"scheduling"}
@@ -435,14 +135,15 @@ class Engine:
             claimed = "sleeping" if self.is_sleeping else "awake"
         # vLLM 0.32's AsyncLLM.wake_up records "awake" only once the executor is fully awake (measured).
         if fired.kind == "lie-asleep" or not self.executor_tags:
-            self.sleep_metric = _AWAKE_METRIC
+            self.sleep_metric = AWAKE_METRIC
         self.scheduler.stats.durations["wake"].append(time.monotonic() - started)
         self.after(fired)
         return {"status": claimed, "tags": tags}
 
-    async def release_kv_cache_memory(self) -> dict[str, object]:
-        """vLLM 0.32's EngineCore.release_kv_cache_memory: from a completed pause, discard the KV cache only;
-        AsyncLLM then records the sleep-state gauge as asleep at no level (awake 0, both levels 0)."""
+    async def release_kv_cache_memory(self, reset_connector: bool = True) -> dict[str, object]:
+        """vLLM 0.32's EngineCore.release_kv_cache_memory: from a completed pause, reset the caches (the KV connector's
+        too, unless 0.34's `reset_connector` is false) and discard the KV cache only; AsyncLLM then records the
+        sleep-state gauge as asleep at no level (awake 0, both levels 0)."""
         fired = await self.enter("release_kv_cache_memory")
         if fired.kind != "lie-asleep":
             if not self.is_paused or self.scheduler.requests:
@@ -454,12 +155,70 @@ class Engine:
                     "release_kv_cache_memory",
                     "release_kv_cache_memory() requires all executor memory to be resident",
                 )
+            self.reset_caches(reset_connector=reset_connector)
             self.executor_tags = {"kv_cache"}
             if self.settings.sleep_mode and fired.kind != "lie-memory":
                 await self._move(lambda: self.memory.release({"kv_cache"}))
         self.sleep_metric = (0, 0, 0)
         self.after(fired)
         return {"status": "kv_cache_released"}
+
+    # --- the checkpoint lifecycle (vLLM 0.34, lifeguard_sim/checkpoint.py)
+    async def checkpoint_prepare(self, mode: str) -> str | None:
+        """EngineCoreProc.checkpoint_prepare, from RUNNING: None once started (the drain may go on, the state is then
+        PREPARING), or why it cannot start, nothing changed."""
+        fired = await self.enter("checkpoint_prepare")
+        if fired.kind == "lie-asleep":
+            return None
+        if not self.settings.sleep_mode:
+            return NEEDS_SLEEP_MODE
+        if self.executor_tags:
+            return NEEDS_AWAKE
+        self.checkpoint.state = CheckpointState.PREPARING
+        self.reject_new_requests = mode != "keep"  # pause_generation(mode, clear_cache=False)
+        self.scheduler.set_pause(mode)
+        if self.scheduler.drained:
+            self._finish_prepare(fired)
+        else:  # PREPARING until the last running request ends
+            self.scheduler.on_drained.append(lambda: self._finish_prepare(fired))
+        return None
+
+    def _finish_prepare(self, fired: Fired) -> None:
+        """_finish_pause for a checkpoint: release_kv_cache_memory(), then the workers' communicators."""
+        if fired.kind == "checkpoint-fails":
+            self.checkpoint.fail(errors.OOM_MESSAGE)
+        else:
+            self._release_for_checkpoint()
+        self.after(fired)
+
+    async def checkpoint_restore(self) -> None:
+        """EngineCoreProc.checkpoint_restore, from PREPARED: the workers' communicators, then wake_up(["kv_cache"]),
+        whose resume makes the state RUNNING. A failure (a wake out of memory on a shared device included) is FAILED
+        and raised."""
+        fired = await self.enter("checkpoint_restore", self.settings.wake_seconds)
+        if fired.kind == "lie-asleep" or self.checkpoint.state is not CheckpointState.PREPARED:
+            return
+        self.checkpoint.state = CheckpointState.RESTORING
+        try:
+            if fired.kind == "checkpoint-fails":
+                raise errors.method_failed("checkpoint_restore", errors.OOM_MESSAGE)
+            async with self._lock:
+                added = self.memory.added_by({"kv_cache"})
+                if "kv_cache" in self.executor_tags and self._shared and not self._reserve(added):
+                    raise errors.out_of_memory("checkpoint_restore")
+                await asyncio.sleep(self.settings.wake_seconds)
+                self.executor_tags -= {"kv_cache"}
+                await self._move(lambda: self.memory.restore({"kv_cache"}))
+                self.publish()
+        except errors.EngineHTTPError as exc:
+            self.checkpoint.fail(errors.OOM_MESSAGE)
+            self.publish()
+            raise exc
+        if not self.executor_tags:
+            self.sleep_level = None
+            self.scheduling_asleep = False
+            self._resume_scheduler()
+        self.after(fired)
 
     # --- pause family
     async def pause(self, mode: str) -> dict[str, object]:
@@ -474,6 +233,8 @@ class Engine:
 
     async def resume(self) -> dict[str, object]:
         fired = await self.enter("resume")
+        if (why := self.checkpoint.refusal("resume scheduling")) is not None:
+            raise errors.plain_error(500, f"Failed to resume generation: Call to resume_scheduler method failed: {why}")
         if fired.kind != "lie-asleep":
             if self.memory_asleep:
                 self.violate("resume_while_asleep", f"/resume while {sorted(self.memory_asleep)} asleep")
@@ -485,9 +246,12 @@ class Engine:
         return {"status": "resumed"}
 
     def _resume_scheduler(self) -> None:
-        """EngineCoreProc.resume_scheduler: un-pause, and (0.33) take back a user pause's refusal of new requests."""
+        """EngineCoreProc.resume_scheduler: un-pause, (0.33) take back a user pause's refusal of new requests, and
+        (0.34) end a checkpoint restore."""
         self.reject_new_requests = False
         self.scheduler.resume()
+        if self.checkpoint.state is CheckpointState.RESTORING:
+            self.checkpoint.state = CheckpointState.RUNNING
 
     def abort_requests(self, ids: list[str] | None) -> dict[str, object]:
         self.counters["abort_requests"] += 1
@@ -504,12 +268,16 @@ class Engine:
         self.after(fired)
         return {"status": "ok", "target_version": target_version, "stats": {"fetch_s": 0.0}}
 
-    def reset_prefix_cache(self, reset_running: bool) -> dict[str, object]:
+    def reset_prefix_cache(self, reset_running: bool, reset_external: bool = False) -> dict[str, object]:
+        """Scheduler.reset_prefix_cache: the GPU prefix cache (failing while a request holds blocks), and with
+        `reset_external` the KV connector's tier, tried even when the first failed."""
         self.counters["reset_prefix_cache"] += 1
         self.check_alive()
         success = reset_running or self.scheduler.running == 0
         if success:
             self.prefix_cache.reset()
+        if reset_external and self.offload_tier is not None:
+            self.offload_tier.reset()
         return {"success": success}
 
     # --- weights
@@ -534,7 +302,7 @@ class Engine:
                 self.q_scale_lost = False  # the checkpoint's scales come back with it
                 self.weight_writes = 0  # reloaded from the model's files on disk: the checkpoint again
                 self.weights_committed_at = time.time()
-                self.weights_zeroed = False
+                self.weights_zeroed = self.weights_partial = False
                 # lie-weights: the checkpoint's file changed on disk since the start
                 self.weights_altered = fired.kind == "lie-weights"
         self.after(fired)
@@ -690,6 +458,13 @@ class Engine:
             # SkyRL's DeltaWeightTransferEngine: LocalCheckpointStore.validate_ready before the reload.
             self.weight_update_active = False
             raise errors.worker_failed(f"delta checkpoint version {version} was not fetched (/fetch_weights first)")
+        if fired.kind == "partial":
+            # Worker.update_weights ends the session on any failure of the transfer engine (v1/worker/gpu_worker.py),
+            # here ipc_engine.py's handle lookup after some tensors were already loaded.
+            self.weight_update_active = self.weight_update_draft = False
+            self.weights_partial = True
+            uuid = self.settings.gpu_uuids[0]
+            raise errors.worker_failed(f"IPC handle not found for GPU UUID {uuid}. Available UUIDs: ['GPU-trainer-0']")
         if self.weight_update_draft:
             self.draft_weight_writes += 1
         elif self.lora_round_target is None:
@@ -712,7 +487,7 @@ class Engine:
                 self.weights_valid = True
                 self.garbage = False
                 self.weights_committed_at = time.time()
-                self.weights_zeroed = self.weights_altered = False
+                self.weights_zeroed = self.weights_altered = self.weights_partial = False
             if version is not None:
                 self.weight_version = version
         self.after(fired)

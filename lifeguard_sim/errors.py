@@ -8,8 +8,10 @@ validation (the same envelope, type "Bad Request", ``param`` like ``"query.level
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from typing import Any
 
+from lifeguard_sim.fault_tolerance import FAULTED_MESSAGE
 from lifeguard_sim.versions import ENGINE_DEAD_LOG_MESSAGE
 
 OOM_MESSAGE = "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
@@ -68,6 +70,23 @@ def openai_error(message: str, err_type: str, code: int, param: str | None = Non
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
+def http_exception(status: int, detail: str) -> EngineHTTPError:
+    """FastAPI's HTTPException through vLLM's handler: the OpenAI envelope, typed with the status's phrase."""
+    return EngineHTTPError(status, openai_error(detail, HTTPStatus(status).phrase, status))
+
+
+def http_json_object(raw: bytes, not_object: str) -> dict[str, Any]:
+    """A body a vLLM handler reads with `await raw_request.json()`: HTTPException 400 "Invalid JSON format" when it
+    does not parse, `not_object` when it is not an object."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise http_exception(400, "Invalid JSON format") from None
+    if not isinstance(body, dict):
+        raise http_exception(400, not_object)
+    return body
+
+
 def bad_request(message: str, param: str | None = None) -> EngineHTTPError:
     return EngineHTTPError(400, openai_error(message, "BadRequestError", 400, param))
 
@@ -96,7 +115,7 @@ def out_of_memory(op: str) -> EngineHTTPError:
         return plain_error(500, f"Failed to pause generation: {OOM_MESSAGE}")
     if op == "resume":
         return plain_error(500, f"Failed to resume generation: {OOM_MESSAGE}")
-    if op in ("sleep", "wake_up"):
+    if op in ("sleep", "wake_up", "checkpoint_prepare", "checkpoint_restore"):
         return method_failed(op, OOM_MESSAGE)
     if op == "generate":
         return EngineHTTPError(500, openai_error(OOM_MESSAGE, "InternalServerError", 500))
@@ -121,3 +140,9 @@ def json_object(raw: bytes, *, decode_message: str = "JSON decode error") -> dic
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object")
     return body
+
+
+def engine_faulted() -> EngineHTTPError:
+    """vLLM 0.34's EngineFaultedError (a GracefulHTTPError: its status's phrase as the type), raised by check_admission
+    before the request is added, so a stream gets it as a plain 503 too."""
+    return EngineHTTPError(503, openai_error(FAULTED_MESSAGE, "Service Unavailable", 503))

@@ -23,6 +23,8 @@ OPS: tuple[str, ...] = (
     "fetch_weights",
     "generate",
     "scale_elastic_ep",
+    "checkpoint_prepare",
+    "checkpoint_restore",
 )
 
 KINDS: dict[str, str] = {
@@ -50,6 +52,21 @@ KINDS: dict[str, str] = {
     "bytes than it must (a level-1 sleep's CPU copy, or the wake, restores other weights than were put to sleep; a "
     "reload_weights reads a checkpoint file changed on disk); greedy answers are unchanged, only /weight_checker's "
     "checksums tell",
+    "partial": "update_weights only: the chunk fails mid-way (500, the IPC engine's 'IPC handle not found for GPU "
+    "UUID ...'): the worker ends the session and the weights are partial (parameters left on the meta device); the "
+    "next model step kills the engine (EngineDeadError), unless a finished new session or a reload replaces them",
+    "freed-500": "sleep only: the memory is freed, then the sleep answers 500 'Memory usage increased after "
+    "sleeping.' (Worker.sleep's assertion, tripped by a neighbour allocating on a shared GPU): /is_sleeping true, the "
+    "executor still counts itself awake, so the next /wake_up is a 200 no-op and a generation then reads unmapped "
+    "weights and kills the engine; a sleep sent again completes it",
+    "stall:S": "generate only: for S seconds no request makes progress (accepted, running, no bytes) while /health "
+    "answers 200",
+    "engine-fault": "generate only: the engine core's busy loop raises mid-generation (a NCCL timeout): the engine "
+    "dies (EngineDeadError), or with --enable-fault-tolerance (0.34) running requests are aborted, the engine is "
+    "unhealthy and refuses requests 503 EngineFaultedError until a /v1/fault_tolerance/apply retry",
+    "checkpoint-fails": "checkpoint_prepare and checkpoint_restore only (0.34): the worker's checkpoint step raises: "
+    "the checkpoint state is FAILED with the error (a prepare still answers 200 with it, a restore 500); only a "
+    "restart leaves FAILED",
     "slow:S": "the operation takes S seconds longer (combines with any other fault)",
 }
 
@@ -60,7 +77,14 @@ _ONLY_FOR: dict[str, tuple[str, ...]] = {
     "retire": ("scale_elastic_ep",),
     "scale-fails": ("scale_elastic_ep",),
     "lie-weights": ("sleep", "wake_up", "collective_rpc"),
+    "partial": ("update_weights",),
+    "freed-500": ("sleep",),
+    "stall": ("generate",),
+    "engine-fault": ("generate",),
+    "checkpoint-fails": ("checkpoint_prepare", "checkpoint_restore"),
 }
+# Kinds that take seconds (`KIND:S`).
+_TIMED = ("slow", "stall")
 _LIFECYCLE_ONLY = frozenset({"lie-asleep", "lie-memory"})
 
 
@@ -82,10 +106,12 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class Fired:
-    """What fires for one call: at most one kind, plus any extra latency from ``slow``."""
+    """What fires for one call: at most one kind (with its seconds, for ``stall``), plus any extra latency from
+    ``slow``."""
 
     kind: str | None = None
     extra_seconds: float = 0.0
+    seconds: float = 0.0
 
 
 NOTHING = Fired()
@@ -98,11 +124,12 @@ def parse_fault(text: str) -> FaultSpec:
     if not colon or op not in OPS:
         raise FaultSpecError(f"bad fault spec {text!r}: OP must be one of {', '.join(OPS)}")
     seconds = 0.0
-    if kind.startswith("slow:"):
-        seconds = _number(text, kind[len("slow:") :], "slow:S needs seconds")
+    timed, colon_s, raw_seconds = kind.partition(":")
+    if timed in _TIMED and colon_s:
+        seconds = _number(text, raw_seconds, f"{timed}:S needs seconds")
         if seconds < 0:
-            raise FaultSpecError(f"bad fault spec {text!r}: slow:S needs S >= 0")
-        kind = "slow"
+            raise FaultSpecError(f"bad fault spec {text!r}: {timed}:S needs S >= 0")
+        kind = timed
     elif kind not in KINDS:
         names = ", ".join(KINDS)
         raise FaultSpecError(f"bad fault spec {text!r}: KIND must be one of {names}")
@@ -166,7 +193,7 @@ class FaultBook:
 
     def draw(self, op: str) -> Fired:
         kind: str | None = None
-        extra = 0.0
+        extra = seconds = 0.0
         for armed in list(self._armed):
             spec = armed.spec
             if spec.op != op or (kind is not None and spec.kind != "slow"):
@@ -180,5 +207,5 @@ class FaultBook:
             if spec.kind == "slow":
                 extra += spec.seconds
             else:
-                kind = spec.kind
-        return Fired(kind, extra) if kind or extra else NOTHING
+                kind, seconds = spec.kind, spec.seconds
+        return Fired(kind, extra, seconds) if kind or extra else NOTHING

@@ -17,7 +17,7 @@ from lifeguard_sim import errors
 from lifeguard_sim.engine import Engine
 from lifeguard_sim.errors import ClientLeft, EngineGone
 from lifeguard_sim.faults import Fired
-from lifeguard_sim.scheduler import SimRequest
+from lifeguard_sim.scheduler import SimRequest, track
 from lifeguard_sim.textgen import Quality, Token, TokenStream
 
 
@@ -49,6 +49,8 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
     """The request reaches the engine; from here on it is tracked, and held while the scheduler is paused."""
     set_out = time.time()
     fired = await engine.enter("generate")  # a slow fault delays the arrival itself
+    if engine.ft.refuses:
+        raise errors.engine_faulted()  # vLLM 0.34's check_admission, before the request is added
     if req.client_gone():
         # vLLM cancels a handler whose client disconnected before it added the request: it never arrives.
         raise ClientLeft
@@ -62,13 +64,16 @@ async def admit(engine: Engine, req: SimRequest) -> Fired:
         raise errors.EnginePaused  # vLLM 0.33: ended on arrival, nothing queued or run
     if fired.kind == "garbage":
         engine.garbage = True
+    if fired.kind == "stall":
+        engine.stalled_until = time.monotonic() + fired.seconds
     engine.scheduler.add(req)
     return fired
 
 
-def prefill(engine: Engine, req: SimRequest, prompt: Prompt) -> TokenStream:
-    """`req`'s tokens, once it is scheduled: computed by the engine's weights, unless its prompt reuses prefix-cache
-    blocks that older weights computed (vLLM keeps them until a reset succeeds); its answer then follows those."""
+def prefill(engine: Engine, req: SimRequest, prompt: Prompt) -> tuple[TokenStream, str]:
+    """`req`'s tokens, once it is scheduled, and the weights they follow: the engine's, unless its prompt reuses
+    prefix-cache blocks (or offload-tier blocks) that older weights computed (vLLM keeps them until a reset
+    succeeds); its answer then follows those."""
     weights = engine.model_seed(prompt.model)
     path = engine.lora_adapters.get(prompt.model)
     lora = f"{prompt.model}:{path}" if path is not None else None  # vLLM keys an adapter's blocks by name and path
@@ -76,13 +81,19 @@ def prefill(engine: Engine, req: SimRequest, prompt: Prompt) -> TokenStream:
     # Inside a weight update session the weights are half written and nothing is committed: the proxy holds
     # inference then, and one a proxy restart knows nothing of (an orphaned session) is outside its guarantee.
     if older is not None and not engine.weight_update_active:
+        kind, blocks = (
+            ("prefix_cache_stale_hit", "prefix-cache blocks")
+            if engine.prefix_cache.older_from == "gpu"
+            else ("offload_tier_stale_hit", "KV connector offload-tier blocks")
+        )
         engine.violate(
-            "prefix_cache_stale_hit",
-            f"{req.request_id} reused {reused} prompt tokens of prefix-cache blocks computed by older weights",
+            kind,
+            f"{req.request_id} reused {reused} prompt tokens of {blocks} computed by older weights",
             set_out=req.set_out,
             committed_at=engine.weights_committed_at,
         )
-    return TokenStream(older or weights, prompt.text, top_logprobs=prompt.top_logprobs)
+    seed = older or weights
+    return TokenStream(seed, prompt.text, top_logprobs=prompt.top_logprobs), seed
 
 
 async def generate(
@@ -97,21 +108,23 @@ async def generate(
         req.running = True
         sched.notify()
         _check_run_safety(engine, req)
-        stream = prefill(engine, req, prompt)
-        crash_at = max(1, req.max_tokens // 2) if fired.kind == "crash" else None
+        stream, follows = prefill(engine, req, prompt)
+        loaded = engine.model_seed(prompt.model)
+        natural_end = stream.natural_length
+        text = ""
+        fail_at = max(1, req.max_tokens // 2) if fired.kind in ("crash", "engine-fault") else None
         reason = "length"
         while req.produced < req.max_tokens:
-            if natural_stop and req.produced >= stream.natural_length:
+            if natural_stop and req.produced >= natural_end:
                 reason = "stop"
                 break
-            await sched.until(lambda: sched.steps, req)
+            await sched.until(lambda: sched.steps and not engine.stalled, req)
             await asyncio.sleep(engine.settings.token_seconds)
             if sched.gone:
                 raise EngineGone
             if req.finished:
                 return
-            if engine.errored:
-                raise errors.engine_dead(engine.profile.engine_dead_message)
+            engine.check_step()
             if not engine.weights_valid and not req.ran_on_invalid_weights:
                 # A request frozen by `mode=keep` (or queued) across a level-2 sleep steps on after the wake.
                 req.ran_on_invalid_weights = True
@@ -121,13 +134,25 @@ async def generate(
                 req.ran_on_altered_weights = True
                 engine.violate("generate_with_altered_weights", f"{req.request_id} ran on weights that fail their "
                                "checksums")  # fmt: skip
+            if engine.model_seed(prompt.model) != loaded:
+                # The weights changed under a running request (a keep-mode pause, an update, a resume): vLLM samples
+                # the next tokens with the new weights, as a new request for the prompt and the text so far would.
+                loaded = follows = engine.model_seed(prompt.model)
+                stream = TokenStream(follows, prompt.text + text, top_logprobs=prompt.top_logprobs)
+                natural_end = req.produced + stream.natural_length
+            track(req.version_starts, engine.weight_version, req.produced)
+            track(req.weights_starts, follows, req.produced)
             token = stream.next(_quality(engine))
+            text += token.text
             req.produced += 1
             sched.stats.generation_tokens += 1
             yield token
-            if crash_at is not None and req.produced >= crash_at:
-                engine.die("crash fault during generate")
-                raise EngineGone
+            if fail_at is not None and req.produced >= fail_at:
+                fail_at = None
+                if fired.kind == "crash":
+                    engine.die("crash fault during generate")
+                    raise EngineGone
+                engine.core_fault()
         sched.finish(req, reason)
         engine.after(fired)
     finally:
@@ -135,6 +160,7 @@ async def generate(
             sched.requests.pop(req.request_id, None)
         elif not req.finished:
             sched.finish(req, None)
+        engine.answered(req)
 
 
 def _check_run_safety(engine: Engine, req: SimRequest) -> None:

@@ -1,9 +1,11 @@
 """The engine's GPU memory, two ways, and the ``--gpu-file`` the proxy reads where it would read NVML.
 
 ``simulated`` (the default) keeps the books: a fixed overhead plus the weights and KV pool while they are
-resident. ``cuda`` really allocates them on a CUDA device with torch, so NVML (the proxy's ``nvml``
-probe) sees the bytes go at a sleep and come back at a wake: ``scripts/gpu-check.sh`` runs the simulator
-so on a GPU machine to prove the proxy's physical check.
+resident, and the host memory a level-1 sleep's CPU backup of the weights takes (``host_bytes``): freed at the wake
+until vLLM 0.33, pinned and kept from the first sleep on in 0.34 (``device_allocator/cumem.py``: ``wake_up`` copies
+the backup back and keeps it; a discard, as a level-2 sleep's, releases it). ``cuda`` really allocates them on a
+CUDA device with torch, so NVML (the proxy's ``nvml`` probe) sees the bytes go at a sleep and come back at a wake:
+``scripts/gpu-check.sh`` runs the simulator so on a GPU machine to prove the proxy's physical check.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class DeviceMemory(Protocol):
     def total_bytes(self) -> int: ...
     @property
     def resident(self) -> frozenset[str]: ...
+    @property
+    def host_bytes(self) -> int: ...
     def release(self, tags: Set[str], *, offload: Set[str] = frozenset()) -> bool: ...
     def restore(self, tags: Set[str]) -> bool: ...
     def added_by(self, tags: Set[str]) -> int: ...
@@ -49,11 +53,23 @@ class DeviceMemory(Protocol):
 
 
 def make_memory(
-    kind: MemoryKind, *, weights_gib: float, kv_gib: float, overhead_gib: float, total_gib: float
+    kind: MemoryKind,
+    *,
+    weights_gib: float,
+    kv_gib: float,
+    overhead_gib: float,
+    total_gib: float,
+    keep_backups: bool = False,
 ) -> DeviceMemory:
     if kind is MemoryKind.CUDA:
-        return CudaMemory(weights_gib=weights_gib, kv_gib=kv_gib)
-    return GpuMemory(weights_gib=weights_gib, kv_gib=kv_gib, overhead_gib=overhead_gib, total_gib=total_gib)
+        return CudaMemory(weights_gib=weights_gib, kv_gib=kv_gib, keep_backups=keep_backups)
+    return GpuMemory(
+        weights_gib=weights_gib,
+        kv_gib=kv_gib,
+        overhead_gib=overhead_gib,
+        total_gib=total_gib,
+        keep_backups=keep_backups,
+    )
 
 
 class GpuMemory:
@@ -61,11 +77,15 @@ class GpuMemory:
 
     blocking = False
 
-    def __init__(self, *, weights_gib: float, kv_gib: float, overhead_gib: float, total_gib: float) -> None:
+    def __init__(
+        self, *, weights_gib: float, kv_gib: float, overhead_gib: float, total_gib: float, keep_backups: bool = False
+    ) -> None:
         self._sizes = {"weights": int(weights_gib * GIB), "kv_cache": int(kv_gib * GIB)}
         self._overhead = int(overhead_gib * GIB)
         self.total_bytes = int(total_gib * GIB)
         self._resident = set(MEMORY_TAGS)
+        self._keep_backups = keep_backups
+        self._backups: set[str] = set()  # tags whose CPU backup is held in host memory
 
     @property
     def used_bytes(self) -> int:
@@ -76,17 +96,24 @@ class GpuMemory:
         """The memory tags whose memory is mapped (a lie-memory wake leaves an awake tag out)."""
         return frozenset(self._resident)
 
+    @property
+    def host_bytes(self) -> int:
+        return sum(self._sizes[tag] for tag in self._backups)
+
     def release(self, tags: Set[str], *, offload: Set[str] = frozenset()) -> bool:
         """Unmap ``tags`` (``offload``: those whose bytes a level-1 sleep keeps in CPU memory); True when
-        anything moved."""
-        before = set(self._resident)
-        self._resident -= tags
-        return before != self._resident
+        anything moved. A tag already unmapped keeps its policy (CuMemAllocator.sleep)."""
+        moving = set(tags) & self._resident
+        self._backups = (self._backups - moving) | (moving & set(offload))
+        self._resident -= moving
+        return bool(moving)
 
     def restore(self, tags: Set[str]) -> bool:
-        before = set(self._resident)
-        self._resident |= tags & set(MEMORY_TAGS)
-        return before != self._resident
+        moving = set(tags) & set(MEMORY_TAGS) - self._resident
+        self._resident |= moving
+        if not self._keep_backups:
+            self._backups -= moving
+        return bool(moving)
 
     def added_by(self, tags: Set[str]) -> int:
         """Bytes that restoring ``tags`` would map."""
@@ -94,12 +121,14 @@ class GpuMemory:
 
     def reset(self) -> None:
         self._resident = set(MEMORY_TAGS)
+        self._backups = set()
 
     def snapshot(self) -> dict[str, object]:
         used, total = self.used_bytes, self.total_bytes
         return {
             "used_bytes": used,
             "total_bytes": total,
+            "host_bytes": self.host_bytes,
             "devices": [{"index": 0, "uuid": "GPU-sim-0", "used_bytes": used, "total_bytes": total}],
         }
 
@@ -111,7 +140,9 @@ class CudaMemory:
 
     blocking = True
 
-    def __init__(self, *, weights_gib: float, kv_gib: float, device: str = "cuda:0") -> None:
+    def __init__(
+        self, *, weights_gib: float, kv_gib: float, keep_backups: bool = False, device: str = "cuda:0"
+    ) -> None:
         try:
             import torch  # only here: the simulated kind never needs torch
         except ImportError as exc:
@@ -123,6 +154,7 @@ class CudaMemory:
         self._sizes = {"weights": _whole_mib(weights_gib), "kv_cache": _whole_mib(kv_gib)}
         self._on_device: dict[str, Any] = {}
         self._offloaded: dict[str, Any] = {}
+        self._keep_backups = keep_backups
         self.reset()
 
     @property
@@ -138,12 +170,18 @@ class CudaMemory:
     def resident(self) -> frozenset[str]:
         return frozenset(self._on_device)
 
+    @property
+    def host_bytes(self) -> int:
+        return sum(int(backup.numel()) for backup in self._offloaded.values())
+
     def release(self, tags: Set[str], *, offload: Set[str] = frozenset()) -> bool:
         moving = sorted(set(tags) & set(self._on_device))
         for tag in moving:
             tensor = self._on_device.pop(tag)
             if tag in offload:
                 self._offloaded[tag] = tensor.to("cpu")
+            else:
+                self._offloaded.pop(tag, None)
             del tensor
         if moving:
             self._torch.cuda.synchronize(self._device)
@@ -154,7 +192,7 @@ class CudaMemory:
         moving = sorted(set(tags) & set(MEMORY_TAGS) - set(self._on_device))
         for tag in moving:
             tensor = self._torch.empty(self._sizes[tag], dtype=self._torch.uint8, device=self._device)
-            backup = self._offloaded.pop(tag, None)
+            backup = self._offloaded.get(tag) if self._keep_backups else self._offloaded.pop(tag, None)
             if backup is not None:
                 tensor.copy_(backup)
             self._on_device[tag] = tensor
@@ -177,6 +215,7 @@ class CudaMemory:
         return {
             "used_bytes": used,
             "total_bytes": total,
+            "host_bytes": self.host_bytes,
             "devices": [{"index": self._device.index or 0, "uuid": uuid, "used_bytes": used, "total_bytes": total}],
         }
 

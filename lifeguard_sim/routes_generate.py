@@ -24,6 +24,7 @@ from lifeguard_sim.keys import SIM_ENGINE
 from lifeguard_sim.prefix_cache import salt_problem
 from lifeguard_sim.responses import json_response
 from lifeguard_sim.routes_openai import check_model, json_body
+from lifeguard_sim.scheduler import spans
 from lifeguard_sim.textgen import VOCAB_SIZE, Token, piece_id
 
 
@@ -79,7 +80,8 @@ async def generate_route(request: web.Request) -> web.Response:
         "token_ids": [t.id for t in produced],
         "routed_experts": None,
         "sampling_mask": None,
-        "weight_versions": None,
+        # Every release since 0.32 (scale_out/token_in_token_out/serving.py): the spans, asked for or not.
+        "weight_versions": spans(req.version_starts, req.produced),
         "logprobs": None if logprobs is None else {"content": [_logprob(t) for t in produced]},
     }
     usage = {"prompt_tokens": len(ids), "completion_tokens": len(produced), "total_tokens": len(ids) + len(produced)}

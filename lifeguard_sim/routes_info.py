@@ -102,28 +102,17 @@ async def is_scaling_elastic_ep(request: web.Request) -> web.Response:
     return json_response(request.app[SIM_ENGINE].elastic_status())
 
 
-def _http_exception(status: int, detail: str) -> errors.EngineHTTPError:
-    """FastAPI's HTTPException through vLLM's handler: the OpenAI envelope, typed with the status's phrase."""
-    phrase = {400: "Bad Request", 408: "Request Timeout", 500: "Internal Server Error"}[status]
-    return errors.EngineHTTPError(status, errors.openai_error(detail, phrase, status))
-
-
 async def scale_elastic_ep(request: web.Request) -> web.Response:
     """vLLM's handler (serve/elastic_ep/api_router.py), its checks in its order."""
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise _http_exception(400, "Invalid JSON format") from None
-    if not isinstance(body, dict):
-        raise _http_exception(400, "Invalid JSON format")
+    body = errors.http_json_object(await request.read(), not_object="Invalid JSON format")
     size = body.get("new_data_parallel_size")
     drain_timeout = body.get("drain_timeout", 120)
     if size is None:
-        raise _http_exception(400, "new_data_parallel_size is required")
+        raise errors.http_exception(400, "new_data_parallel_size is required")
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-        raise _http_exception(400, "new_data_parallel_size must be a positive integer")
+        raise errors.http_exception(400, "new_data_parallel_size must be a positive integer")
     if not isinstance(drain_timeout, int) or isinstance(drain_timeout, bool) or drain_timeout <= 0:
-        raise _http_exception(400, "drain_timeout must be a positive integer")
+        raise errors.http_exception(400, "drain_timeout must be a positive integer")
     return json_response(await request.app[SIM_ENGINE].scale_elastic_ep(size))
 
 

@@ -39,8 +39,8 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
-def _mode_query(request: web.Request) -> str:
-    raw = request.query.get("mode", "abort")
+def mode_query(request: web.Request, default: str = "abort") -> str:
+    raw = request.query.get("mode", default)
     if raw not in _MODES:
         expected = "'abort', 'wait' or 'keep'"
         raise errors.validation_error(
@@ -49,7 +49,7 @@ def _mode_query(request: web.Request) -> str:
     return raw
 
 
-def _bool_query(request: web.Request, name: str, default: bool) -> bool:
+def bool_query(request: web.Request, name: str, default: bool) -> bool:
     raw = request.query.get(name)
     if raw is None:
         return default
@@ -82,10 +82,19 @@ def _ok(body: dict[str, object]) -> web.Response:
     return json_response(body)
 
 
+def _reset_connector(request: web.Request) -> bool:
+    """vLLM 0.34's `reset_connector` query (default true); earlier releases do not read it (FastAPI ignores an unknown
+    query parameter), and every cache-clearing sleep resets the connector."""
+    if not request.app[SIM_ENGINE].profile.reset_connector_param:
+        return True
+    return bool_query(request, "reset_connector", True)
+
+
 async def sleep(request: web.Request) -> web.Response:
     level = _int_query(request, "level", 1, 0, 2)
-    mode = _mode_query(request)
-    return _ok(await request.app[SIM_ENGINE].sleep(level, mode))
+    mode = mode_query(request)
+    reset_connector = _reset_connector(request)
+    return _ok(await request.app[SIM_ENGINE].sleep(level, mode, reset_connector))
 
 
 async def wake_up(request: web.Request) -> web.Response:
@@ -94,7 +103,7 @@ async def wake_up(request: web.Request) -> web.Response:
 
 
 async def release_kv_cache_memory(request: web.Request) -> web.Response:
-    return _ok(await request.app[SIM_ENGINE].release_kv_cache_memory())
+    return _ok(await request.app[SIM_ENGINE].release_kv_cache_memory(_reset_connector(request)))
 
 
 async def is_sleeping(request: web.Request) -> web.Response:
@@ -104,10 +113,10 @@ async def is_sleeping(request: web.Request) -> web.Response:
 
 
 async def pause(request: web.Request) -> web.Response:
-    mode = _mode_query(request)
-    if _bool_query(request, "wait_for_inflight_requests", False):
+    mode = mode_query(request)
+    if bool_query(request, "wait_for_inflight_requests", False):
         mode = "wait"
-    _bool_query(request, "clear_cache", True)
+    bool_query(request, "clear_cache", True)
     return _ok(await request.app[SIM_ENGINE].pause(mode))
 
 
@@ -143,9 +152,9 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
         running = bool(body.get("reset_running_requests", False)) if isinstance(body, dict) else False
         engine.reset_prefix_cache(running)
         return _ok({"status": "ok"})
-    reset_running = _bool_query(request, "reset_running_requests", False)
-    _bool_query(request, "reset_external", False)
-    return _ok(engine.reset_prefix_cache(reset_running))
+    reset_running = bool_query(request, "reset_running_requests", False)
+    reset_external = bool_query(request, "reset_external", False)
+    return _ok(engine.reset_prefix_cache(reset_running, reset_external))
 
 
 async def reset_other_cache(request: web.Request) -> web.Response:
@@ -181,19 +190,29 @@ async def update_weights(request: web.Request) -> web.Response:
     return _ok(await request.app[SIM_ENGINE].update_weights(update_info if isinstance(update_info, dict) else None))
 
 
+def _label(body: dict[str, Any], key: str, *, required: bool) -> str | None:
+    """A weight-version label: FastAPI's `Annotated[str, Body(embed=True)]` (rl/online/api_router.py) takes a string
+    and nothing else (pydantic does not turn a number into one), null only where the label is optional."""
+    if key not in body and required:
+        raise errors.validation_error(f"body.{key}", "missing", "Field required", "None")
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise errors.validation_error(f"body.{key}", "string_type", "Input should be a valid string", str(value))
+    return value
+
+
 async def finish_weight_update(request: web.Request) -> web.Response:
     raw = await request.read()
-    version = None
-    if raw.strip():
-        body = await _json_object(request)
-        version = body.get("weight_version")
-    return _ok(await request.app[SIM_ENGINE].finish_weight_update(None if version is None else str(version)))
+    version = _label(await _json_object(request), "weight_version", required=False) if raw.strip() else None
+    return _ok(await request.app[SIM_ENGINE].finish_weight_update(version))
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
-    body = await _json_object(request)
-    version = _required(body, "new_version")
-    return _ok(request.app[SIM_ENGINE].update_weight_version(str(version)))
+    version = _label(await _json_object(request), "new_version", required=True)
+    assert version is not None
+    return _ok(request.app[SIM_ENGINE].update_weight_version(version))
 
 
 async def weight_info(request: web.Request) -> web.Response:
@@ -203,7 +222,7 @@ async def weight_info(request: web.Request) -> web.Response:
 
 
 async def get_world_size(request: web.Request) -> web.Response:
-    _bool_query(request, "include_dp", True)
+    bool_query(request, "include_dp", True)
     return _ok({"world_size": 1})
 
 

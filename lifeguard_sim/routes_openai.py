@@ -21,7 +21,7 @@ from lifeguard_sim.errors import EngineHTTPError, EnginePaused
 from lifeguard_sim.keys import SIM_ENGINE
 from lifeguard_sim.prefix_cache import salt_problem
 from lifeguard_sim.responses import dumps, json_response
-from lifeguard_sim.scheduler import SimRequest
+from lifeguard_sim.scheduler import SimRequest, spans
 from lifeguard_sim.textgen import Token, piece_id, tokenize
 
 
@@ -41,6 +41,9 @@ class GenSpec:
     return_token_ids: bool = False
     tokens_as_ids: bool = False
     cache_salt: str | None = None
+    # The release has `weight_versions` on its choices (0.33+), and whether the request asked for the spans.
+    spans_field: bool = False
+    return_weight_versions: bool = False
 
 
 def chat_prompt(messages: Any) -> str:
@@ -115,6 +118,8 @@ def _spec(engine: Engine, body: dict[str, Any], *, chat: bool, prompt_in: Any = 
         return_token_ids=bool(body.get("return_token_ids")),
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
         cache_salt=body.get("cache_salt"),
+        spans_field=engine.profile.completion_spans,
+        return_weight_versions=bool(body.get("return_weight_versions")),
     )
 
 
@@ -312,6 +317,12 @@ class _Shaper:
             "choices": choices,
         }
 
+    def _spans(self) -> list[dict[str, object]] | None:
+        """A choice's `weight_versions`: the spans when the request asked for them, else null."""
+        if not self._spec.return_weight_versions:
+            return None
+        return spans(self._req.version_starts, self._req.produced)
+
     def chunk(self, text: str, finish: str | None, token: Token | None = None, *, role: bool = False) -> dict[str, Any]:
         logprobs = self._logprobs([token]) if token is not None else None
         choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
@@ -319,6 +330,11 @@ class _Shaper:
             choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text}
         else:
             choice["text"] = text
+        if self._spec.spans_field and (finish is not None or not self._spec.chat):
+            # vLLM 0.33 (openai/completion/serving.py) sets weight_versions on every completion chunk, null until the
+            # finishing one; the chat generator (openai/chat_completion/serving.py) sets it on the finishing chunk
+            # only. Each is dumped with exclude_unset, so a field it set to None is still written.
+            choice["weight_versions"] = self._spans() if finish is not None else None
         return self._envelope([choice], chunk=True)
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -341,6 +357,8 @@ class _Shaper:
             # vLLM: OpenAI-extension fields, present only when asked for.
             choice["prompt_token_ids"] = list(self._spec.prompt_ids)
             choice["token_ids"] = [t.id for t in self._tokens]
+        if self._spec.spans_field:
+            choice["weight_versions"] = self._spans()  # model_dump(): null when not asked for
         body = self._envelope([choice], chunk=False)
         body["usage"] = self._usage()
         return body

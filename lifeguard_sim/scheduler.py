@@ -41,6 +41,26 @@ class SimRequest:
     ran_on_invalid_weights: bool = False
     ran_on_altered_weights: bool = False
     set_out: float = 0.0  # when it set out for the engine (time.time())
+    # vLLM's RequestState.weight_version_starts (v1/engine/output_processor.py): (label, first output token) each
+    # time the engine's weight-version label differs from the last token's.
+    version_starts: list[tuple[str, int]] = field(default_factory=list)
+    # The same for what the weights truly were (Engine.model_seed, or the older weights of a stale prefix): the
+    # simulator's own record of which weights produced each token, for the journal.
+    weights_starts: list[tuple[str, int]] = field(default_factory=list)
+
+
+def track(starts: list[tuple[str, int]], label: str, at: int) -> None:
+    """vLLM's RequestState.track_weight_version: a new span when the label differs from the last one."""
+    if not starts or starts[-1][0] != label:
+        starts.append((label, at))
+
+
+def spans(starts: list[tuple[str, int]], produced: int, key: str = "version") -> list[dict[str, object]]:
+    """vLLM's `_weight_version_spans` as JSON (`WeightVersionSpan` in vllm/outputs.py): output tokens [start, end)
+    under each label. Every simulated token has a label, so vLLM's None (tokens and no label) never arises; a request
+    that produced nothing has []."""
+    ends = [start for _, start in starts[1:]] + [produced] if starts else []
+    return [{key: label, "start": start, "end": end} for (label, start), end in zip(starts, ends, strict=True)]
 
 
 @dataclass
@@ -61,11 +81,17 @@ class Scheduler:
         self.client_disconnects = 0
         self._changed = asyncio.Event()
         self.gone = False
+        # EngineCoreProc._idle_state_callbacks: run once, the first time a pause is complete.
+        self.on_drained: list[Callable[[], None]] = []
 
     # --- waking parked coroutines
     def notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.on_drained and self.pause_state is not PauseState.UNPAUSED and self.drained and not self.gone:
+            callbacks, self.on_drained = self.on_drained, []
+            for callback in callbacks:
+                callback()
 
     async def wait_for_change(self) -> None:
         changed = self._changed
@@ -128,16 +154,21 @@ class Scheduler:
 
     # --- the pause state machine (EngineCoreProc.pause_scheduler / resume_scheduler)
     async def pause(self, mode: str) -> None:
-        if mode == "keep":
-            self.pause_state = PauseState.PAUSED_ALL
-            self.notify()
-            return
-        self.pause_state = PauseState.PAUSED_NEW
+        self.set_pause(mode)
+        if mode == "wait":
+            await self.until(lambda: self.drained)
+
+    def set_pause(self, mode: str) -> None:
+        """The pause itself, without waiting for the drain: keep freezes everything, abort ends every request."""
+        self.pause_state = PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW
         if mode == "abort":
             self.abort()
         self.notify()
-        if mode == "wait":
-            await self.until(lambda: self.running == 0)
+
+    @property
+    def drained(self) -> bool:
+        """A pause is complete: nothing steps (scheduler.get_num_unfinished_requests is 0 while PAUSED_ALL)."""
+        return self.pause_state is PauseState.PAUSED_ALL or self.running == 0
 
     def resume(self) -> None:
         self.pause_state = PauseState.UNPAUSED
@@ -150,4 +181,5 @@ class Scheduler:
         self.requests.clear()
         self.pause_state = PauseState.UNPAUSED
         self.gone = False
+        self.on_drained = []
         self.notify()

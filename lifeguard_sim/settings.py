@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeguard_sim.memory import MemoryKind
-from lifeguard_sim.versions import NEWEST
+from lifeguard_sim.versions import DEFAULT, profile
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,8 @@ class SimSettings:
     """Everything the simulator can be told. Times are seconds, sizes GiB."""
 
     model: str = "tiny"
-    # The vLLM release to behave like (lifeguard_sim/versions.py): "0.32" or "0.33".
-    vllm_version: str = NEWEST
+    # The vLLM release to behave like (lifeguard_sim/versions.py): "0.32", "0.33" or "0.34".
+    vllm_version: str = DEFAULT
     sleep_seconds: float = 0.05
     wake_seconds: float = 0.1
     token_seconds: float = 0.002
@@ -64,3 +64,27 @@ class SimSettings:
     data_parallel_size: int = 1
     data_parallel_rank: int = 0
     scale_seconds: float = 0.1
+    # vLLM started without VLLM_SERVER_DEV_MODE=1: the dev routes (sleep, pause, weights, caches, collective_rpc,
+    # server_info) are not served; 0.34's checkpoint routes still are, with sleep mode.
+    dev_mode: bool = True
+    # vLLM 0.34's --checkpoint-prepare-on-startup: the engine comes up PREPARED, refusing every request until a
+    # /checkpoint/restore, while /health answers 200.
+    checkpoint_prepare_on_startup: bool = False
+    # vLLM's --kv-transfer-config with an offloading connector: a CPU/SSD tier of KV blocks beside the GPU prefix
+    # cache (lifeguard_sim/offload_tier.py).
+    kv_connector: bool = False
+    # vLLM 0.34's --enable-fault-tolerance (lifeguard_sim/fault_tolerance.py), and its
+    # fault_tolerance_config.engine_recovery_timeout_sec: how long a faulted engine waits for an instruction.
+    enable_fault_tolerance: bool = False
+    ft_recovery_seconds: float = 120.0
+
+    def problem(self) -> str | None:
+        """Why these settings describe no vLLM that could start, or None."""
+        release = profile(self.vllm_version)
+        if self.checkpoint_prepare_on_startup and not release.checkpoint:
+            return f"--checkpoint-prepare-on-startup is a vLLM 0.34 flag (this is {release.version})"
+        if self.checkpoint_prepare_on_startup and not self.sleep_mode:
+            return "--checkpoint-prepare-on-startup needs sleep mode: vLLM refuses to start without --enable-sleep-mode"
+        if self.enable_fault_tolerance and not release.fault_tolerance:
+            return f"--enable-fault-tolerance is modelled for vLLM 0.34 only (this is {release.version})"
+        return None

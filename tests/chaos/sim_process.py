@@ -10,6 +10,9 @@ loses nothing. It records:
   (the timeline the chaos run checks every lifecycle 200 against);
 * `violation`: each entry of the engine's violation list, at the moment it is appended;
 * `fault`: each fault kind that fired, and for which operation;
+* `answer`: each generation request's end: its finish reason, its tokens, the weight-version labels that produced them
+  (`weight_versions`, vLLM's spans) and the weights that truly did (`weights`, spans of the simulator's own name for
+  them); `state` lines say whether the weights were partial and which label was published;
 * `die`: the simulated process death, just before the exit;
 * with `--gpu-file-engine` (several simulators on one GPU file): `memory`, each write of this engine's use
   to the shared file, with the device's sum it wrote under the file's lock; `oom`, each wake the device
@@ -58,6 +61,9 @@ def truth(engine: Engine) -> dict[str, Any]:
         "is_sleeping": engine.is_sleeping,
         "weight_update_active": engine.weight_update_active,
         "weights_valid": engine.weights_valid,
+        "weights_partial": engine.weights_partial,
+        "weight_version": engine.weight_version,
+        "checkpoint": str(engine.checkpoint.state),
         "dead": engine.dead,
         "garbage": engine.garbage,
     }
@@ -75,6 +81,7 @@ class JournaledViolations(list[dict[str, object]]):
 
 def instrument(engine: Engine, journal: Journal) -> None:
     engine.violations = JournaledViolations(journal)
+    engine.on_answer = lambda record: journal.write("answer", **record)
 
     for name in LIFECYCLE_METHODS:
         original: Callable[..., Awaitable[Any]] = getattr(engine, name)

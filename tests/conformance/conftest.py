@@ -1,8 +1,10 @@
 """Fixtures for the conformance scenarios.
 
-By default ``engine_url`` is an in-process simulator, once per vLLM release it can stand in for
-(``--vllm-version`` 0.32 and 0.33): every scenario runs against both, and ``vllm_version`` says which one a
-scenario faces (read from the engine's /version, real or simulated). Set ``CONFORMANCE_ENGINE_URL`` (and, if the
+By default ``engine_url`` is an in-process simulator, once per vLLM release in ``EVERY_SCENARIO`` (0.32 and 0.33):
+every scenario runs against both, and ``vllm_version`` says which one a scenario faces (read from the engine's
+/version, real or simulated). The 0.34 profile differs from 0.33 only where its scenarios say so: a module or test
+marked ``on_profiles("0.33", "0.34")`` runs against those instead (the whole suite on 0.34 costs about 13 s more per
+run, and `make test` runs it twice). Set ``CONFORMANCE_ENGINE_URL`` (and, if the
 served name is not "tiny", ``CONFORMANCE_MODEL``) to run the same scenarios against a real vLLM started with
 ``VLLM_SERVER_DEV_MODE=1 --enable-server-load-tracking``; the hold scenarios read ``/load`` to see a
 request has reached the engine. Checks that only the simulator can answer take the ``sim_only`` fixture
@@ -40,7 +42,18 @@ def sim_only() -> None:
         pytest.skip("simulator-only check (CONFORMANCE_ENGINE_URL points at a real engine)")
 
 
-@pytest.fixture(params=[None] if REAL_ENGINE_URL else sorted(PROFILES))
+EVERY_SCENARIO = ("0.32", "0.33")
+
+
+def on_profiles(*versions: str) -> pytest.MarkDecorator:
+    """Run a scenario (or, as `pytestmark`, a module) against these simulator profiles instead of EVERY_SCENARIO;
+    against a real engine, once."""
+    unknown = set(versions) - set(PROFILES)
+    assert not unknown, f"no simulator profile {sorted(unknown)}"
+    return pytest.mark.parametrize("sim_version", [None] if REAL_ENGINE_URL else list(versions))
+
+
+@pytest.fixture(params=[None] if REAL_ENGINE_URL else EVERY_SCENARIO)
 def sim_version(request: pytest.FixtureRequest) -> str | None:
     """The simulator's profile, or None against a real engine."""
     version: str | None = request.param
@@ -48,10 +61,16 @@ def sim_version(request: pytest.FixtureRequest) -> str | None:
 
 
 @pytest.fixture
-async def sim_server(aiohttp_server: Any, sim_version: str | None) -> Any:
+def sim_settings(sim_version: str | None) -> SimSettings:
+    """The simulator's settings for this scenario: override this fixture in a module to start it otherwise."""
+    return dataclasses.replace(SIM_SETTINGS, vllm_version=sim_version or SIM_SETTINGS.vllm_version)
+
+
+@pytest.fixture
+async def sim_server(aiohttp_server: Any, sim_version: str | None, sim_settings: SimSettings) -> Any:
     if sim_version is None:
         return None
-    return await aiohttp_server(create_sim_app(dataclasses.replace(SIM_SETTINGS, vllm_version=sim_version)))
+    return await aiohttp_server(create_sim_app(sim_settings))
 
 
 @pytest.fixture
@@ -75,7 +94,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def vllm_version(session: aiohttp.ClientSession, engine_url: str) -> str:
-    """ "0.32" or "0.33": the release the engine under test says it is (its /version), real or simulated."""
+    """ "0.32", "0.33" or "0.34": the release the engine under test says it is (its /version), real or simulated."""
     async with session.get(engine_url + "/version") as resp:
         version = str((await resp.json())["version"])
     return ".".join(version.split(".")[:2])

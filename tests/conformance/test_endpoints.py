@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance.api import VllmApi
+from tests.conformance.conftest import on_profiles
+
+pytestmark = on_profiles("0.32", "0.33", "0.34")
 
 
 async def test_health_is_200_with_an_empty_body(vllm: VllmApi) -> None:
@@ -21,7 +24,7 @@ async def test_version_is_reported(vllm: VllmApi, vllm_version: str) -> None:
     answer = await vllm.get("/version")
     assert answer.status == 200
     assert answer.body["version"].startswith(vllm_version + ".")
-    assert vllm_version in ("0.32", "0.33")
+    assert vllm_version in ("0.32", "0.33", "0.34")
 
 
 async def test_models_lists_the_served_model(vllm: VllmApi) -> None:
@@ -92,3 +95,12 @@ async def test_server_info_carries_the_config(vllm: VllmApi) -> None:
 async def test_reset_prefix_cache_succeeds_when_idle(vllm: VllmApi) -> None:
     answer = await vllm.post("/reset_prefix_cache")
     assert (answer.status, answer.body) == (200, {"success": True})
+
+
+async def test_the_checkpoint_routes_are_new_in_034(vllm: VllmApi, vllm_version: str) -> None:
+    """serve/checkpoint/api_router.py, attached with sleep mode from 0.34 on (launchers/api_server/routers.py)."""
+    answer = await vllm.get("/checkpoint/status")
+    if vllm_version in ("0.32", "0.33"):
+        assert (answer.status, answer.body) == (404, {"detail": "Not Found"})
+    else:
+        assert (answer.status, answer.body) == (503, {"state": "running"})

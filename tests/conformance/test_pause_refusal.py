@@ -18,6 +18,9 @@ import aiohttp
 import pytest
 
 from tests.conformance.api import Answer, VllmApi, engine_holds_one, still_pending
+from tests.conformance.conftest import on_profiles
+
+pytestmark = on_profiles("0.32", "0.33", "0.34")
 
 PAUSED_BODY = (
     b'{"error":{"message":"Generation is paused. Please retry after it resumes.",'

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance.api import VllmApi
+from tests.conformance.conftest import on_profiles
+
+pytestmark = on_profiles("0.32", "0.33", "0.34")
 
 
 @pytest.mark.parametrize("level", [0, 1, 2])

@@ -9,6 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance.api import VllmApi
+from tests.conformance.conftest import on_profiles
+
+pytestmark = on_profiles("0.32", "0.33", "0.34")
 
 
 async def test_update_weight_version_is_reported_by_weight_info(vllm: VllmApi) -> None:

@@ -257,7 +257,7 @@ async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoin
     taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
     sim = stack.sim
 
-    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+    async def dies_and_comes_back(level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
         sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
         sim.die("killed under /sleep")
         sim.restart()
@@ -284,7 +284,7 @@ async def test_a_restarted_vllms_checkpoint_is_read_before_a_level_2_sleep_disca
     in_flight = stack.completion_in_background()  # inside vLLM for 3 s: no round is idle meanwhile
     await stack.wait_for(lambda s: s["inflight_requests"] == 1)
 
-    async def dies_and_comes_back(level: int, mode: str) -> dict[str, object]:
+    async def dies_and_comes_back(level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
         sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
         sim.die("killed under /sleep")
         sim.restart()

@@ -40,6 +40,11 @@ def test_help_documents_every_fault_kind_op_and_flag(capsys: pytest.CaptureFixtu
         "--no-sleep-mode",
         "--vllm-version",
         "--data-parallel-rank",
+        "--no-dev-mode",
+        "--checkpoint-prepare-on-startup",
+        "--kv-connector",
+        "--enable-fault-tolerance",
+        "--ft-recovery-seconds",
     ):
         assert flag in text
 
@@ -56,10 +61,37 @@ def test_the_version_flag_defaults_to_the_newest_and_refuses_an_unknown_one(caps
 
     assert settings_from(build_parser().parse_args([])).vllm_version == "0.33"
     assert settings_from(build_parser().parse_args(["--vllm-version", "0.32"])).vllm_version == "0.32"
+    assert settings_from(build_parser().parse_args(["--vllm-version", "0.34"])).vllm_version == "0.34"
     with pytest.raises(SystemExit) as exit_info:
         main(["--vllm-version", "0.31"])
     assert exit_info.value.code == 2
     assert "0.31" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--checkpoint-prepare-on-startup"],
+        ["--vllm-version", "0.34", "--checkpoint-prepare-on-startup", "--no-sleep-mode"],
+        ["--enable-fault-tolerance"],
+    ],
+)
+def test_flags_no_vllm_could_start_with_are_a_usage_error(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    assert exit_info.value.code == 2
+    assert "vLLM" in capsys.readouterr().err
+
+
+def test_the_034_flags_become_settings() -> None:
+    from lifeguard_sim.cli import settings_from
+
+    flags = ["--vllm-version", "0.34", "--no-dev-mode", "--checkpoint-prepare-on-startup", "--kv-connector"]
+    settings = settings_from(
+        build_parser().parse_args([*flags, "--enable-fault-tolerance", "--ft-recovery-seconds", "9"])
+    )
+    assert (settings.dev_mode, settings.checkpoint_prepare_on_startup, settings.kv_connector) == (False, True, True)
+    assert (settings.enable_fault_tolerance, settings.ft_recovery_seconds) == (True, 9.0)
 
 
 def test_flags_become_settings() -> None:

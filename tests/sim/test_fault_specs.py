@@ -59,7 +59,21 @@ def test_malformed_specs_are_rejected_by_name(text: str) -> None:
         [
             k
             for k in KINDS
-            if k not in ("slow:S", "lie-memory", "lie-asleep", "lose-lora", "retire", "scale-fails", "lie-weights")
+            if k
+            not in (
+                "slow:S",
+                "stall:S",
+                "lie-memory",
+                "lie-asleep",
+                "lose-lora",
+                "retire",
+                "scale-fails",
+                "lie-weights",
+                "partial",
+                "freed-500",
+                "engine-fault",
+                "checkpoint-fails",
+            )
         ]
     ),
     suffix=st.one_of(st.just(""), st.integers(1, 99).map(lambda n: f"@{n}"), st.just("@p0.25")),
@@ -67,6 +81,32 @@ def test_malformed_specs_are_rejected_by_name(text: str) -> None:
 def test_every_documented_op_and_kind_parses(op: str, kind: str, suffix: str) -> None:
     spec = parse_fault(f"{op}:{kind}{suffix}")
     assert (spec.op, spec.kind) == (op, kind)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "seconds"),
+    [
+        ("update_weights:partial", "partial", 0.0),
+        ("sleep:freed-500@2", "freed-500", 0.0),
+        ("generate:stall:2.5", "stall", 2.5),
+        ("generate:engine-fault", "engine-fault", 0.0),
+        ("checkpoint_prepare:checkpoint-fails", "checkpoint-fails", 0.0),
+        ("checkpoint_restore:checkpoint-fails", "checkpoint-fails", 0.0),
+    ],
+)
+def test_the_kinds_of_one_operation_parse_there_and_carry_their_seconds(spec: str, kind: str, seconds: float) -> None:
+    parsed = parse_fault(spec)
+    assert (parsed.kind, parsed.seconds) == (kind, seconds)
+    fired = FaultBook(0, [spec]).draw(parsed.op)
+    assert (fired.kind, fired.seconds) == (kind, seconds)
+
+
+@pytest.mark.parametrize(
+    "spec", ["wake_up:partial", "wake_up:freed-500", "sleep:stall:1", "generate:stall", "sleep:checkpoint-fails"]
+)
+def test_the_kinds_of_one_operation_are_refused_elsewhere(spec: str) -> None:
+    with pytest.raises(FaultSpecError, match="bad fault spec"):
+        parse_fault(spec)
 
 
 def test_a_once_fault_fires_exactly_once() -> None:
