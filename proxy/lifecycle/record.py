@@ -339,13 +339,17 @@ class EngineRecord:
             self._set(asleep_tags=frozenset(), sleep_level=None, user_pause=None)
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
         elif (level := _gauge_sleep_level(obs, memory_freed)) is not None:
-            if self.sleep_level != level or not self.asleep_tags:
+            known = self.sleep_level == level and bool(self.asleep_tags)
+            if not known:
                 # A sleep known from the gauge alone: it says what the last /sleep asked for, and a sleep that
                 # freed nothing (a lie, or a /sleep from PAUSED) sets it too. Unless the GPUs show the memory
                 # gone, it is held unconfirmed, so a repeat goes to vLLM instead of being answered as a no-op.
                 unconfirmed = level >= 1 and memory_freed is not True
                 self._set(sleep_level=level, asleep_tags=asleep_tags_for(level), sleep_unconfirmed=unconfirmed)
-            if level == 2:  # a level-2 sleep we did not make (or whose answer we lost): same as our own
+            if level == 2 and not known:
+                # A level-2 sleep we did not make (or whose answer we lost): same as our own. One we knew of already
+                # may have had its weights written since (a session's finish re-reads the flags: SkyRL's colocated
+                # step wakes the weights, writes them, and wakes the KV cache after).
                 self.discarded()
             self.settle(State.SLEEPING)
         elif hint is State.UPDATING_WEIGHTS or self.weight_update_active:
