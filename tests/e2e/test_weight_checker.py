@@ -247,14 +247,8 @@ async def test_a_reload_that_does_not_produce_the_checkpoint_is_503_and_held_unt
     assert stack.sim.violations == []
 
 
-async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoints_checksums(make_stack):
-    """Seed 399 of make chaos-engines (issue 49): vLLM died under a /sleep and was back before a reconcile round
-    looked, started from another checkpoint. Only a reconcile round's unanswered read opened the checkpoint's
-    window: the proxy kept the old checkpoint's checksums, every later reload 'did not produce the checkpoint', and
-    the engine stayed held through the run's recovery."""
-    stack = await make_stack()  # weight_checksums: reloads, the default
-    await _restarted_engine(stack)
-    taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
+async def _sleep_that_vllm_dies_under_and_restarts_from_another_checkpoint(stack: Stack) -> None:
+    """A /sleep?level=1 nothing answers: vLLM dies under it and is back at once, from other files on disk."""
     sim = stack.sim
 
     async def dies_and_comes_back(level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
@@ -265,6 +259,18 @@ async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoin
 
     sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
     assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
+
+
+async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoints_checksums(make_stack):
+    """Seed 399 of make chaos-engines (issue 49): vLLM died under a /sleep and was back before a reconcile round
+    looked, started from another checkpoint. Only a reconcile round's unanswered read opened the checkpoint's
+    window: the proxy kept the old checkpoint's checksums, every later reload 'did not produce the checkpoint', and
+    the engine stayed held through the run's recovery."""
+    stack = await make_stack()  # weight_checksums: reloads, the default
+    await _restarted_engine(stack)
+    taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
+
+    await _sleep_that_vllm_dies_under_and_restarts_from_another_checkpoint(stack)
     state = await stack.wait_for(lambda s: s["weight_checksums"]["checkpoint_at"] != taken)
     assert state["weight_checksums"]["checkpoint_tensors"] == 8
     resp = await stack.client.post("/collective_rpc", json=RELOAD)
@@ -279,20 +285,12 @@ async def test_a_restarted_vllms_checkpoint_is_read_before_a_level_2_sleep_disca
     later swap's reload 'did not produce the checkpoint'. The window is used before the weights change now."""
     stack = await make_stack()  # weight_checksums: reloads, the default
     await _restarted_engine(stack)
-    sim = stack.sim
     stack.faults("generate:slow:3")
     in_flight = stack.completion_in_background()  # inside vLLM for 3 s: no round is idle meanwhile
     await stack.wait_for(lambda s: s["inflight_requests"] == 1)
 
-    async def dies_and_comes_back(level: int, mode: str, reset_connector: bool = True) -> dict[str, object]:
-        sim.settings = replace(sim.settings, seed=sim.settings.seed + 1)  # the model's files changed on disk
-        sim.die("killed under /sleep")
-        sim.restart()
-        raise EngineGone
-
-    sim.sleep = dies_and_comes_back  # type: ignore[method-assign]
-    assert (await stack.client.post("/sleep?level=1")).status == 503  # the call nothing answered
-    del sim.sleep  # vLLM's own /sleep again
+    await _sleep_that_vllm_dies_under_and_restarts_from_another_checkpoint(stack)
+    del stack.sim.sleep  # vLLM's own /sleep again
     assert (await stack.client.post("/sleep?level=2")).status == 200
     assert (await stack.client.post("/wake_up")).status == 200
     resp = await stack.client.post("/collective_rpc", json=RELOAD)
