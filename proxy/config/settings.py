@@ -531,7 +531,7 @@ class Settings(BaseSettings):
 
     def guarded_engines(self) -> tuple[EngineSettings, ...]:
         """Every engine this proxy guards: `engines:`, or the one `upstream:` names (called `default`, with the
-        top-level `on_sleeping`). One engine or several, each is guarded the same way (proxy/engine.py)."""
+        top-level `on_sleeping`). One engine or several, each is guarded the same way (proxy/lifecycle/engine.py)."""
         if self.engines:
             return self.engines
         if self.upstream is None or self.upstream == SIMULATOR:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..engine import Engine
 from ..errors import LifeguardError, UpstreamTimeout
+from ..lifecycle.engine import Engine
 from ..tasks import Tasks
 from .boundary import caught
 from .exchange import Answering, ClientSide, Exchange, Forward

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..engine import Engine
 from ..errors import LifeguardError, MethodNotAllowed, NotFound, NotServing
 from ..lifecycle.calls import parse_call
+from ..lifecycle.engine import Engine
 from ..lifecycle.outcome import Outcome
 from ..lifecycle.states import State
 from . import status_page

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..engine import Engine
 from ..errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamUnreachable
+from ..lifecycle.engine import Engine
 from ..lifecycle.gate import Ticket
 from ..lifecycle.prefix_cache import SALTED_PATHS, salted
 from ..upstream.pool import UpstreamConnection

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from ..engine import Engine
 from ..errors import BodyTimeout, BodyTooLarge, LifeguardError, ModelNotFound
+from ..lifecycle.engine import Engine
 from ..lifecycle.prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
 from ..lifecycle.rules import control_refusal
 from ..lifecycle.weight_checksums import resets_weights

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..engine import Engine
 from ..errors import LifeguardError
+from ..lifecycle.engine import Engine
 from ..lifecycle.gate import Parked, Ticket
 from .boundary import caught
 from .exchange import Answering, ClientSide, Forward

@@ -32,7 +32,7 @@ class StandIn:
 
 
 class Guarded:
-    """What the directory reads of an engine (proxy/engine.py): its settings, configuration and client."""
+    """What the directory reads of an engine (proxy/lifecycle/engine.py): its settings, configuration and client."""
 
     def __init__(self, settings: Settings, config: EngineSettings, client: StandIn) -> None:
         self.settings, self.config, self.client = settings, config, client

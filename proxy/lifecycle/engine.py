@@ -16,20 +16,20 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from .config import EngineSettings, Settings
-from .gpu.footprint import Footprint
-from .gpu.readers import GpuMemoryReader, GpuReading
-from .lifecycle.coordinator import LifecycleCoordinator
-from .lifecycle.gate import RequestGate
-from .lifecycle.inflight import InFlightRequests
-from .lifecycle.policies import Policies
-from .lifecycle.reconcile import reconcile_loop
-from .lifecycle.verifier import Verifier
-from .observe.metrics import EngineMetrics
-from .observe.unknown_routes import UnknownRoutes
-from .tasks import Tasks
-from .upstream.control_client import VllmClient
-from .upstream.pool import Connection, UpstreamConnection, UpstreamPool, default_max_connecting
+from ..config import EngineSettings, Settings
+from ..gpu.footprint import Footprint
+from ..gpu.readers import GpuMemoryReader, GpuReading
+from ..observe.metrics import EngineMetrics
+from ..observe.unknown_routes import UnknownRoutes
+from ..tasks import Tasks
+from ..upstream.control_client import VllmClient
+from ..upstream.pool import Connection, UpstreamConnection, UpstreamPool, default_max_connecting
+from .coordinator import LifecycleCoordinator
+from .gate import RequestGate
+from .inflight import InFlightRequests
+from .policies import Policies
+from .reconcile import reconcile_loop
+from .verifier import Verifier
 
 
 class Upstream:
