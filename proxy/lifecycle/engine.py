@@ -9,12 +9,9 @@ the others: several engines meet only in the arbiter (proxy/sharing/arbiter.py) 
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
 from ..config import EngineSettings, Settings
 from ..gpu.footprint import Footprint
@@ -23,45 +20,13 @@ from ..observe.metrics import EngineMetrics
 from ..observe.unknown_routes import UnknownRoutes
 from ..tasks import Tasks
 from ..upstream.control_client import VllmClient
-from ..upstream.pool import Connection, UpstreamConnection, UpstreamPool, default_max_connecting
+from ..upstream.forwarding import Upstream
 from .coordinator import LifecycleCoordinator
 from .gate import RequestGate
 from .inflight import InFlightRequests
 from .policies import Policies
 from .reconcile import reconcile_loop
 from .verifier import Verifier
-
-
-class Upstream:
-    """What forwarding a request to one engine's vLLM needs: a keep-alive pool of raw connections, and the
-    `Host` and credentials aiohttp's client would have sent for its base URL."""
-
-    def __init__(self, settings: Settings, base_url: str) -> None:
-        url = URL(base_url)
-        host, port = url.raw_host, url.port
-        if host is None or port is None:
-            raise ValueError(f"cannot read a host and port in {settings.upstream_shown!r}")
-        self.host = (host if url.is_default_port() else f"{host}:{port}").encode("latin-1")
-        self.basic_auth = (
-            b"Basic " + base64.b64encode(f"{url.user}:{url.password or ''}".encode("latin-1")) if url.user else None
-        )
-        origin = url.origin()
-        # starlette's redirects name vLLM's own address in either form: made relative on the way back.
-        self.origins = (str(origin).encode(), f"{origin.scheme}://{origin.raw_host}:{origin.port}".encode())
-        tls = url.scheme == "https" or None
-
-        async def connect(factory: Callable[[], UpstreamConnection]) -> Connection:
-            return await asyncio.get_running_loop().create_connection(factory, host, port, ssl=tls)
-
-        self.pool = UpstreamPool(
-            connect,
-            max_connections=settings.upstream_max_connections,
-            max_connecting=settings.upstream_max_connecting or default_max_connecting(),
-            keepalive_s=settings.upstream_keepalive_s,
-            connect_timeout_s=settings.connect_timeout_s,
-            name="vllm",
-            address=f"{host}:{port}",
-        )
 
 
 class Engine:
@@ -103,7 +68,14 @@ class Engine:
         self.policies = Policies(settings, self.coordinator, self.gate, metrics)
         self.gate.on_held_while_sleeping = self.policies.request_held_while_sleeping
         self.unknown_routes = UnknownRoutes(metrics)
-        self.upstream = Upstream(settings, config.upstream)
+        self.upstream = Upstream(
+            config.upstream,
+            shown=settings.upstream_shown,
+            max_connections=settings.upstream_max_connections,
+            max_connecting=settings.upstream_max_connecting,
+            keepalive_s=settings.upstream_keepalive_s,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
         self._stop = asyncio.Event()
 
     def start(self) -> None:
