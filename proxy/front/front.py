@@ -1,7 +1,7 @@
 """The front: the proxy's one listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
 
 Each request is read once; its head decides where it goes (routing.py); once its whole body is in it becomes one
-exchange (exchange.py): forwarded, held (held.py) or answered by the proxy (answers.py). One keep-alive
+exchange (exchange.py): forwarded, held (held.py) or answered by the proxy (own_answers.py). One keep-alive
 connection may mix them all; pipelined requests are answered in order. What the front refuses itself (smuggling,
 oversized heads and bodies, slow bodies, ambiguous targets, unknown engines, a missing token) is answered in the one
 error format (wire.py). Every callback catches what it did not expect (boundary.py).
@@ -23,11 +23,11 @@ from ..observe.metrics import INFERENCE_OUTCOMES
 from ..upstream.refusals import Refusal
 from .admin import admin_carrier
 from .answered import Answered, SerializedForward
-from .answers import lifecycle, own
 from .boundary import caught
 from .engine_set import EngineSet
 from .exchange import Exchange, Forward
 from .held import HeldExchange, not_forwarded
+from .own_answers import lifecycle, own
 from .request_reader import ParsedRequest, RequestReader
 from .route_table import RouteKind
 from .routing import GUARDED, Route, model_of

@@ -19,8 +19,8 @@ from ..gpu.readers import GpuMemoryReader, GpuReading
 from ..observe.metrics import EngineMetrics
 from ..observe.unknown_routes import UnknownRoutes
 from ..tasks import Tasks
-from ..upstream.control_client import VllmClient
 from ..upstream.forwarding import Upstream
+from ..upstream.vllm_client import VllmClient
 from .coordinator import LifecycleCoordinator
 from .gate import RequestGate
 from .inflight import InFlightRequests

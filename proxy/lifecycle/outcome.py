@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..upstream.control_client import Reply
+from ..upstream.vllm_client import Reply
 from .verifier import Verdict
 
 

@@ -20,8 +20,8 @@ from ..config import Settings
 from ..errors import UpstreamError
 from ..gpu.footprint import Footprint
 from ..gpu.readers import GpuMemoryReader, GpuReading
-from ..upstream.control_client import VllmClient
 from ..upstream.observation import LateReads, Observation
+from ..upstream.vllm_client import VllmClient
 
 
 class CheckName(enum.StrEnum):

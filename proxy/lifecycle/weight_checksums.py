@@ -18,7 +18,7 @@ from typing import Any
 from ..config import Settings
 from ..errors import UpstreamError
 from ..observe.metrics import EngineMetrics
-from ..upstream.control_client import VllmClient
+from ..upstream.vllm_client import VllmClient
 from .verifier import Check, CheckName, CheckResult
 
 log = logging.getLogger("lifeguard.lifecycle")

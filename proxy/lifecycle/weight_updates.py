@@ -23,9 +23,9 @@ from ..errors import (
     WeightUpdateActive,
     WeightUpdateSessionLost,
 )
-from ..upstream.control_client import Reply
-from .calls import LifecycleCall
+from ..upstream.vllm_client import Reply
 from .engine_calls import EngineCalls
+from .parsed_calls import LifecycleCall
 from .record import EngineRecord
 from .rules import START_OPERATIONS, SessionTarget, Staleness
 from .states import State

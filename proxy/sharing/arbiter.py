@@ -21,10 +21,10 @@ from typing import Any
 from ..config import Settings
 from ..errors import InsufficientGpuMemory, LifeguardError, UpstreamBadStatus
 from ..gpu.readers import GpuMemoryReader, GpuReading
-from ..lifecycle.calls import LifecycleCall
 from ..lifecycle.coordinator import LifecycleCoordinator, Submit
 from ..lifecycle.engine import Engine
 from ..lifecycle.outcome import Outcome
+from ..lifecycle.parsed_calls import LifecycleCall
 from ..lifecycle.rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from ..lifecycle.states import State
 from ..observe.metrics import Metrics

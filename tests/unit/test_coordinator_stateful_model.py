@@ -36,15 +36,15 @@ from proxy.errors import LifeguardError, UpstreamUnreachable
 from proxy.front.readiness import engine_refusal
 from proxy.front.route_table import LIFECYCLE_PATHS
 from proxy.gpu.readers import DeviceMemory, GpuReading
-from proxy.lifecycle.calls import LifecycleCall, parse_call
 from proxy.lifecycle.coordinator import LifecycleCoordinator
 from proxy.lifecycle.gate import RequestGate
 from proxy.lifecycle.outcome import Outcome
+from proxy.lifecycle.parsed_calls import LifecycleCall, parse_call
 from proxy.lifecycle.rules import Admission
 from proxy.lifecycle.states import SETTLED, TRANSITIONS, State
 from proxy.lifecycle.verifier import Verifier
 from proxy.observe.metrics import Metrics
-from proxy.upstream.control_client import Reply, VllmClient
+from proxy.upstream.vllm_client import Reply, VllmClient
 
 MEMORY = frozenset({"weights", "kv_cache"})
 FAULTABLE = ("sleep", "wake_up", "pause", "resume", "start_weight_update", "finish_weight_update")

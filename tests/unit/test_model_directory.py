@@ -11,7 +11,7 @@ from proxy.config import EngineSettings, Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.front import model_directory
 from proxy.front.model_directory import ModelDirectory
-from proxy.upstream.control_client import Reply
+from proxy.upstream.vllm_client import Reply
 
 
 class StandIn:

@@ -25,8 +25,8 @@ from proxy.lifecycle.weight_checksums import (
     resets_weights,
 )
 from proxy.observe.metrics import Metrics
-from proxy.upstream.control_client import VllmClient
 from proxy.upstream.observation import Observation
+from proxy.upstream.vllm_client import VllmClient
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 REFUSED = Observation(reachable=False, error="connection refused")

@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ..errors import LifeguardError, MethodNotAllowed, NotFound, NotServing
-from ..lifecycle.calls import parse_call
 from ..lifecycle.engine import Engine
 from ..lifecycle.outcome import Outcome
+from ..lifecycle.parsed_calls import parse_call
 from ..lifecycle.states import State
 from . import status_page
 from .admin import check_reader, token_bytes
