@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     )
 
     # --- the data plane
-    # One front (proxy/front/front.py) serves every request of every engine.
+    # One front (proxy/front/connection.py) serves every request of every engine.
     connect_timeout_s: float = Field(
         default=5.0, gt=0, description="Seconds to open a TCP connection to vLLM before the attempt fails."
     )

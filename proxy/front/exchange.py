@@ -67,7 +67,7 @@ class Exchange(Protocol):
 
 
 class ClientSide(Protocol):
-    """The client connection an exchange answers on (proxy/front/front.py)."""
+    """The client connection an exchange answers on (proxy/front/connection.py)."""
 
     transport: asyncio.Transport
     writing_paused: bool

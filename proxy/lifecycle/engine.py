@@ -3,7 +3,8 @@
 A single `upstream:` is one engine (named `default`); `engines:` is several, each guarded the same way.
 An engine has its own coordinator (and with it its record, verifier and rules), request gate, in-flight
 requests, policies, reconcile loop, GPU footprint and pool of connections to its vLLM. It knows nothing of
-the others: several engines meet only in the arbiter (proxy/sharing/arbiter.py) and the front (proxy/front/front.py).
+the others: several engines meet only in the arbiter (proxy/sharing/arbiter.py) and the front
+(proxy/front/connection.py).
 """
 
 from __future__ import annotations
