@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from . import __version__
 from .config import Settings
 from .config.startup_errors import cannot_listen, state_file_problem
-from .front.connection import Front
+from .front.dispatcher import Front
 from .front.engine_set import EngineSet
 from .front.listener import Listener, listening_sockets
 from .front.model_directory import ModelDirectory

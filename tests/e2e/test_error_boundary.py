@@ -18,7 +18,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.front import exchange, held
-from proxy.front.connection import Front
+from proxy.front.dispatcher import Front
 from proxy.front.own_answers import _OWN
 from tests.e2e.conftest import Stack, raw_exchange, status_of
 

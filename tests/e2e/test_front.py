@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.app import Lifeguard
 from proxy.config import Settings
-from proxy.front.connection import Front
+from proxy.front.dispatcher import Front
 from tests.e2e.conftest import Stack, lifeguard_of, raw_exchange, status_of
 from tests.lifeguard_testing import listen_drops
 
