@@ -28,6 +28,7 @@ from .gate import RequestGate
 from .inflight import InFlightRequests
 from .outcome import Outcome, answered_by_us, from_vllm
 from .parsed_calls import LifecycleCall
+from .persisted_facts import PersistedFacts
 from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .record import EngineRecord, FailureKind
 from .rules import (
@@ -44,7 +45,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
-from .state_file import PersistedFacts, StateFile
+from .state_file import StateFile
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..upstream.vllm_client import Reply
-from .verifier import Verdict
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from .parsed_calls import LifecycleCall
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
 from .states import State
-from .verifier import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
+from .verdict import CheckName, CheckResult, Verdict
+from .verifier import Expectation, MemoryChange, Verifier
 from .weight_checksums import WeightChecksums
 from .worker_rpcs import RpcKind
 

@@ -19,7 +19,7 @@ from ..config import Settings
 from ..errors import UpstreamError
 from ..observe.metrics import EngineMetrics
 from ..upstream.vllm_client import VllmClient
-from .verifier import Check, CheckName, CheckResult
+from .verdict import Check, CheckName, CheckResult
 
 log = logging.getLogger("lifeguard.lifecycle")
 

@@ -29,7 +29,7 @@ from .parsed_calls import LifecycleCall
 from .record import EngineRecord
 from .rules import START_OPERATIONS, SessionTarget, Staleness
 from .states import State
-from .verifier import CheckName, CheckResult
+from .verdict import CheckName, CheckResult
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
 

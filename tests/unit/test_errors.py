@@ -18,7 +18,7 @@ from proxy.errors import (
     UpstreamRejected,
 )
 from proxy.front.wire import error_bytes
-from proxy.lifecycle.verifier import CheckName, CheckResult
+from proxy.lifecycle.verdict import CheckName, CheckResult
 from proxy.observe.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
 from proxy.upstream.failures import transport_failure
 

@@ -14,7 +14,8 @@ import pytest
 
 from proxy.config import Settings
 from proxy.gpu.readers import GpuReading
-from proxy.lifecycle.verifier import AdapterMark, CanaryAnswer, Expectation, Verdict, Verifier, listed_adapters
+from proxy.lifecycle.verdict import Verdict
+from proxy.lifecycle.verifier import AdapterMark, CanaryAnswer, Expectation, Verifier, listed_adapters
 from proxy.upstream.observation import Observation
 from proxy.upstream.vllm_client import Reply, VllmClient
 

@@ -16,7 +16,8 @@ from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.gpu.footprint import Footprint
 from proxy.gpu.readers import DeviceMemory, GpuReading
-from proxy.lifecycle.verifier import Expectation, MemoryChange, Verdict, Verifier
+from proxy.lifecycle.verdict import Verdict
+from proxy.lifecycle.verifier import Expectation, MemoryChange, Verifier
 from proxy.upstream.observation import Observation
 from proxy.upstream.vllm_client import Reply, VllmClient
 

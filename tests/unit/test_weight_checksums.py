@@ -12,9 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
+from proxy.lifecycle.persisted_facts import PersistedFacts
 from proxy.lifecycle.record import EngineRecord
 from proxy.lifecycle.rules import Admission, Staleness, admission, serving_refusal
-from proxy.lifecycle.state_file import PersistedFacts, StateFile
+from proxy.lifecycle.state_file import StateFile
 from proxy.lifecycle.states import State
 from proxy.lifecycle.weight_checksums import (
     WeightChecksums,
