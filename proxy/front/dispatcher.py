@@ -12,9 +12,6 @@ import time
 
 from ..errors import LifeguardError, ModelNotFound
 from ..lifecycle.engine import Engine
-from ..lifecycle.prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
-from ..lifecycle.rules import control_refusal
-from ..lifecycle.weight_checksums import resets_weights
 from ..observe.metrics import INFERENCE_OUTCOMES
 from ..upstream.refusals import Refusal
 from .answered import Answered
@@ -76,17 +73,16 @@ class Front:
     ) -> Exchange:
         """A request vLLM refused for the engine's own state, once the coordinator has read and adopted that
         state: through the gate again (forwarded, held, or refused with the reason)."""
-        await engine.coordinator.engine_refused(refusal)
+        await engine.refused_by_vllm(refusal)
         assert request.route is not None
         return self.for_engine(client, request, request.route, engine)
 
     def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
         kind = route.kind
         if kind is RouteKind.INFERENCE:
-            ticket = engine.gate.try_admit()
+            ticket = engine.admit()
             if ticket is not None:
-                return Forward(client, request, engine, route.target, ticket=ticket,
-                               stale=engine.coordinator.weights_stale)  # fmt: skip
+                return Forward(client, request, engine, route.target, ticket=ticket, stale=engine.weights_stale)
             return HeldExchange(client, request, engine, route.target)
         if route.op is not None:
             metrics = engine.metrics
@@ -99,19 +95,13 @@ class Front:
                 on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
             )
         if kind is RouteKind.SERIALIZED:
-            adapter = reloaded_adapter(request.whole_body()) if route.path == LORA_LOAD_PATH else None
-            on_answer = engine.coordinator.adapter_reload_answered(adapter) if adapter is not None else None
-            zeroes = resets_weights(route.path, request.whole_body())
-            tasks = self.engine_set.tasks
-            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=tasks,
-                                     on_answer=on_answer, zeroes_weights=zeroes)  # fmt: skip
+            plan = engine.plan_serialized(route.path, request.whole_body())
+            return SerializedForward(client, request, engine, route.target, plan, drop=request.drop,
+                                     tasks=self.engine_set.tasks)  # fmt: skip
         if kind is RouteKind.AT_ONCE:
-            if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
-                raise refusal
-            if route.path == RESET_PATH:
-                return Forward(client, request, engine, route.target, drop=request.drop,
-                               on_answer=engine.coordinator.client_reset_answered)  # fmt: skip
-        elif kind is RouteKind.UNKNOWN:
+            plan = engine.plan_at_once(route.path)
+            return Forward(client, request, engine, route.target, drop=request.drop, on_answer=plan.on_answer)
+        if kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
         return Forward(client, request, engine, route.target, drop=request.drop)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from ..errors import UpstreamTimeout
-from ..lifecycle.engine import Engine
+from ..lifecycle.engine import ControlPlan, Engine
 from ..tasks import Tasks
 from .answered import Answered
 from .exchange import ClientSide, Exchange, Forward
@@ -21,14 +20,15 @@ class SerializedForward(Answered):
     __slots__ = ("_engine", "_target", "_drop", "_on_answer")
 
     def __init__(
-        self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, *, drop: frozenset[bytes],
-        tasks: Tasks, on_answer: Callable[[int, bytes], bytes | None] | None = None, zeroes_weights: bool = False,
+        self, client: ClientSide, request: ParsedRequest, engine: Engine, target: bytes, plan: ControlPlan, *,
+        drop: frozenset[bytes], tasks: Tasks,
     ) -> None:  # fmt: skip
+        """`plan`: the engine's `plan_serialized` for this call."""
         metrics = engine.metrics
         super().__init__(
             client,
             request,
-            engine.coordinator.exclusive(self._forwarded, zeroes_weights=zeroes_weights),
+            engine.exclusive(self._forwarded, plan),
             tasks=tasks,
             count=metrics.proxy_error,
             on_end=lambda seconds: metrics.request_duration("passthrough", seconds),
@@ -36,7 +36,7 @@ class SerializedForward(Answered):
         self._engine = engine
         self._target = target
         self._drop = drop
-        self._on_answer = on_answer
+        self._on_answer = plan.on_answer
 
     async def _forwarded(self) -> Exchange:
         """Under the engine's lock: the request goes to vLLM, and the lock is held until its answer ends."""

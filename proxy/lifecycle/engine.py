@@ -4,30 +4,57 @@ A single `upstream:` is one engine (named `default`); `engines:` is several, eac
 An engine has its own coordinator (and with it its record, verifier and rules), request gate, in-flight
 requests, policies, reconcile loop, GPU footprint and pool of connections to its vLLM. It knows nothing of
 the others: several engines meet only in the arbiter (proxy/sharing/arbiter.py) and the front
-(proxy/front/connection.py).
+(proxy/front/dispatcher.py).
+
+It is the one door of its lifecycle: the front and the arbiter ask it (admit a request, hold it, what its body
+carries, plan and run a control call, the serving refusal, the view of the state) and never reach its parts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 
 from ..config import EngineSettings, Settings
+from ..errors import LifeguardError, NotServing
 from ..gpu.footprint import Footprint
 from ..gpu.readers import GpuMemoryReader, GpuReading
 from ..observe.metrics import EngineMetrics
 from ..observe.unknown_routes import UnknownRoutes
 from ..tasks import Tasks
 from ..upstream.forwarding import Upstream
+from ..upstream.refusals import Refusal
 from ..upstream.vllm_client import VllmClient
 from .coordinator import LifecycleCoordinator
-from .gate import RequestGate
+from .gate import Parked, ParkedOwner, RequestGate, Ticket
 from .inflight import InFlightRequests
+from .outcome import Outcome
+from .parsed_calls import parse_call
 from .policies import Policies
+from .prefix_cache import LORA_LOAD_PATH, RESET_PATH, SALTED_PATHS, reloaded_adapter, salted
 from .reconcile import reconcile_loop
+from .rules import EngineView, control_refusal, serving_refusal
+from .states import State
 from .verifier import Verifier
+from .weight_checksums import resets_weights
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ControlPlan:
+    """How one control call is forwarded: what its answer is told (`on_answer`, which may rewrite the body), and
+    whether it sets every weight to zero (the coordinator marks the weights so before it is sent)."""
+
+    on_answer: Callable[[int, bytes], bytes | None] | None = None
+    zeroes_weights: bool = False
+
+
+_FORWARD_AS_IS = ControlPlan()
 
 
 class Engine:
@@ -96,6 +123,79 @@ class Engine:
         self._stop.set()
         await self.tasks.close()
         await self.upstream.pool.close()
+
+    # ----- the door: what the front asks of a request for this engine
+    def admit(self) -> Ticket | None:
+        """An inference request admitted now (its ticket counts it in flight until `done()`), else None: hold it."""
+        return self.gate.try_admit()
+
+    def hold(self, owner: ParkedOwner, size: int) -> Parked:
+        """An inference request the gate holds, its `size` bytes parked, until `owner` is admitted or refused."""
+        return self.gate.park(owner, size)
+
+    @property
+    def weights_stale(self) -> bool:
+        """Whether an answer carries `X-Lifeguard-Weights-Stale` (a restarted proxy cannot vouch for the weights)."""
+        return self.coordinator.weights_stale
+
+    def body_to_send(self, path: str, body: bytes) -> bytes:
+        """An admitted inference request's body as vLLM gets it: salted apart from the prefix cache that older
+        weights filled (lifecycle/prefix_cache.py), read when it is sent."""
+        partition = self.coordinator.record.prefix_partition
+        if partition is not None and path in SALTED_PATHS:
+            return salted(body, partition.salt)
+        return body
+
+    async def refused_by_vllm(self, refusal: Refusal) -> None:
+        """vLLM refused a forwarded request for its own state: that state is read and adopted, so that the request,
+        admitted again, is held, refused or forwarded by what the engine now is."""
+        await self.coordinator.engine_refused(refusal)
+
+    def plan_at_once(self, path: str) -> ControlPlan:
+        """A control call forwarded at once; raises the LifeguardError that refuses it while the engine cannot."""
+        if (refusal := control_refusal(self.coordinator.record.view())) is not None:
+            raise refusal
+        return ControlPlan(self.coordinator.client_reset_answered) if path == RESET_PATH else _FORWARD_AS_IS
+
+    def plan_serialized(self, path: str, body: bytes) -> ControlPlan:
+        """A control call that touches weights or memory, run by `exclusive`: a LoRA adapter loaded again is
+        checked as the one it replaces; a reset of the weights is said before it is sent."""
+        adapter = reloaded_adapter(body) if path == LORA_LOAD_PATH else None
+        on_answer = self.coordinator.adapter_reload_answered(adapter) if adapter is not None else None
+        return ControlPlan(on_answer, resets_weights(path, body))
+
+    async def exclusive(self, work: Callable[[], Awaitable[T]], plan: ControlPlan) -> T:
+        """Run `work` (the forwarded call of `plan_serialized`) once no lifecycle transition is in progress."""
+        return await self.coordinator.exclusive(work, zeroes_weights=plan.zeroes_weights)
+
+    async def run_call(self, op: str, query: Iterable[tuple[str, str]], body: bytes) -> Outcome:
+        """A lifecycle call, parsed (a bad parameter raises BadParameter, counted `invalid`) and run by the
+        coordinator, serialized with every other; raises the LifeguardError that answers it on failure."""
+        try:
+            call = parse_call(op, query, body)
+        except LifeguardError:
+            self.metrics.operation_finished(op, "invalid", 0.0)
+            raise
+        return await self.coordinator.submit(call)
+
+    # ----- the door: what it is now
+    @property
+    def state(self) -> State:
+        return self.coordinator.state
+
+    def view(self) -> EngineView:
+        """What the proxy holds true about the engine now (a value, for answers and decisions outside)."""
+        return self.coordinator.record.view()
+
+    def serving_refusal(self) -> NotServing | None:
+        """Why an inference request sent now would not be forwarded at once, if it would not: `/lifeguard/serving`
+        for this engine (proxy/front/readiness.py)."""
+        return serving_refusal(
+            self.view(),
+            on_sleeping=self.settings.on_sleeping,
+            hold_while_restarted=self.settings.hold_while_weights_stale,
+            closed=self.gate.closed,
+        )
 
     @property
     def state_name(self) -> str:
