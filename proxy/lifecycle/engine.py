@@ -29,11 +29,12 @@ from ..tasks import Tasks
 from ..upstream.forwarding import Upstream
 from ..upstream.refusals import Refusal
 from ..upstream.vllm_client import VllmClient
-from .coordinator import LifecycleCoordinator
+from .coordinator import LifecycleCoordinator, SubmitGuard
+from .coordinator import Submit as Submit  # the arbiter's vocabulary
 from .gate import Parked, ParkedOwner, RequestGate, Ticket
 from .inflight import InFlightRequests
 from .outcome import Outcome
-from .parsed_calls import parse_call
+from .parsed_calls import LifecycleCall, parse_call
 from .policies import Policies
 from .prefix_cache import LORA_LOAD_PATH, RESET_PATH, SALTED_PATHS, reloaded_adapter, salted
 from .reconcile import reconcile_loop
@@ -177,6 +178,35 @@ class Engine:
             self.metrics.operation_finished(op, "invalid", 0.0)
             raise
         return await self.coordinator.submit(call)
+
+    # ----- the door: what the arbiter asks (proxy/sharing/arbiter.py)
+    def guard_with(self, guard: SubmitGuard) -> None:
+        """From now on every lifecycle call of this engine goes through `guard` first (several engines share GPUs)."""
+        self.coordinator.guard = guard
+
+    async def submit_unguarded(self, call: LifecycleCall) -> Outcome:
+        """A lifecycle call the guard itself makes (a sleep to make room, a reload after a wake)."""
+        return await self.coordinator.submit_unguarded(call)
+
+    def swap_out(self, for_engine: str | None) -> None:
+        """Hold new requests while this engine is drained for `for_engine`'s turn; None: admit them again."""
+        self.coordinator.swap_out(for_engine)
+
+    def next_state_change(self) -> asyncio.Event:
+        """An event set at the engine's next change of state."""
+        return self.coordinator.record.next_state_change()
+
+    async def read_memory(self) -> GpuReading:
+        """The GPUs' memory as this engine's own reader sees it now."""
+        return await self.verifier.read_memory()
+
+    @property
+    def asleep_holding_memory(self) -> bool:
+        """Asleep by vLLM's flags, unconfirmed, and the last reading shows the awake footprint still there. A sleep
+        known from vLLM's gauge alone is unconfirmed too; only such a reading says it kept its memory (else every
+        engine found asleep at the proxy's start would)."""
+        last = self.verifier.last_memory
+        return self.view().sleep_unconfirmed and last is not None and self.verifier.memory_freed(last) is False
 
     # ----- the door: what it is now
     @property

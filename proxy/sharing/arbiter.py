@@ -21,8 +21,7 @@ from typing import Any
 from ..config import Settings
 from ..errors import InsufficientGpuMemory, LifeguardError, UpstreamBadStatus
 from ..gpu.readers import GpuMemoryReader, GpuReading
-from ..lifecycle.coordinator import LifecycleCoordinator, Submit
-from ..lifecycle.engine import Engine
+from ..lifecycle.engine import Engine, Submit
 from ..lifecycle.outcome import Outcome
 from ..lifecycle.parsed_calls import LifecycleCall
 from ..lifecycle.rules import ALL_SLEEP_TAGS, Staleness, wake_targets
@@ -99,7 +98,7 @@ class Arbiter:
         self._awake_since: dict[str, float] = {}  # when the arbiter's last wake of each engine ended
         self._waits: dict[str, _Wait] = {}  # what each engine being swapped in waits for now
         for name, engine in engines.items():
-            engine.coordinator.guard = _Guard(self, name)
+            engine.guard_with(_Guard(self, name))
 
     async def run(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         if call.op == "wake_up":
@@ -135,16 +134,15 @@ class Arbiter:
 
     async def _wake(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         engine = self._engines[name]
-        coordinator = engine.coordinator
         started = time.monotonic()
         waiting_since = engine.gate.oldest_held_since
         try:
             await self._neighbours_turn(engine, call)
             self._waits[name] = _Wait("its GPUs, behind earlier swaps or weight loads")
             async with self._gpus(name, "wake_up"):
-                if coordinator.state is not State.SLEEPING:
+                if engine.state is not State.SLEEPING:
                     return await submit(call)  # the coordinator judges it: a no-op or a refusal
-                from_full_sleep = coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
+                from_full_sleep = engine.view().asleep_tags >= ALL_SLEEP_TAGS
                 try:
                     await self._make_room(engine, call)
                     self._waits[name] = _Wait("its own wake")
@@ -174,7 +172,7 @@ class Arbiter:
         """Before a wake asked for by held requests, the neighbour it would put to sleep serves its turn (no GPU
         is locked meanwhile: a neighbour's own weight loads go on)."""
         waiting_since = engine.gate.oldest_held_since
-        if waiting_since is None or engine.coordinator.state is not State.SLEEPING:
+        if waiting_since is None or engine.state is not State.SLEEPING:
             return  # a wake nobody waits for (a trainer's): at once
         free = free_per_gpu(await self._gpu.read(), engine.config.gpus)
         plan = plan_room(
@@ -183,7 +181,7 @@ class Arbiter:
         if not isinstance(plan, Evict):
             return
         victim = self._engines[plan.victim]
-        if victim.coordinator.state is not State.RUNNING:
+        if victim.state is not State.RUNNING:
             return
         if victim.gate.inflight == 0 and victim.gate.last_activity <= waiting_since:
             return  # unused since the requests began waiting: nothing to finish
@@ -222,8 +220,8 @@ class Arbiter:
     async def _swap_out(self, victim: Engine, *, for_engine: str) -> bool:
         """`victim` drained (new requests for it held, what it serves finished) and put to sleep."""
         try:
-            if victim.coordinator.state is State.RUNNING:
-                victim.coordinator.swap_out(for_engine)
+            if victim.state is State.RUNNING:
+                victim.swap_out(for_engine)
                 self._waits[for_engine] = _Wait(f"{victim.name} finishes what it serves")
                 timeout = self._settings.swap_drain_timeout_s
                 if not await self._drained(victim, timeout):
@@ -238,13 +236,13 @@ class Arbiter:
             self._waits[for_engine] = _Wait(f"{victim.name} falling asleep")
             return await self._put_to_sleep(victim, for_engine=for_engine)
         finally:
-            victim.coordinator.swap_out(None)
+            victim.swap_out(None)
 
     async def _drained(self, victim: Engine, timeout_s: float) -> bool:
         """Whether what `victim` serves finished within `timeout_s`, or it left RUNNING meanwhile: a trainer's sleep
         or pause in mode keep freezes what it serves inside vLLM until a wake or a resume that this swap, holding
         the GPUs, would keep waiting (chaos seed 2096); the sleep that follows ends those requests instead."""
-        moved_on = victim.coordinator.record.next_state_change()
+        moved_on = victim.next_state_change()
         idle = victim.tasks.spawn(victim.gate.wait_idle(timeout_s), name=f"drain:{victim.name}")
         left = victim.tasks.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
         try:
@@ -257,7 +255,6 @@ class Arbiter:
     async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
-        coordinator = victim.coordinator
         if level == 2:
             # Said before the sleep: requests held for it ask for its wake as it settles asleep, and the wake
             # policy wakes discarded weights only when they are reloaded after the wake.
@@ -266,19 +263,19 @@ class Arbiter:
         # Twice at most: a trainer's level-0 sleep may land between the plan and this sleep (chaos seed 11).
         for _ in range(2):
             try:
-                if coordinator.record.asleep_tags == {"scheduling"}:
+                if victim.view().asleep_tags == {"scheduling"}:
                     # Asleep at level 0 it holds all its memory, and a sleep at another level is refused until
                     # it wakes; the wake adds nothing (this GPU's lock is held: no other wake runs meanwhile).
-                    await coordinator.submit_unguarded(LifecycleCall("wake_up", ()))
-                await coordinator.submit_unguarded(call)
+                    await victim.submit_unguarded(LifecycleCall("wake_up", ()))
+                await victim.submit_unguarded(call)
                 failure = None
             except LifeguardError as exc:
                 failure = exc
-            if failure is None or coordinator.record.asleep_tags != {"scheduling"}:
+            if failure is None or victim.view().asleep_tags != {"scheduling"}:
                 break
         if failure is not None:
             self.reload_on_wake.discard(victim.name)
-            if _residency(coordinator) is Residency.ASLEEP:
+            if _residency(victim) is Residency.ASLEEP:
                 return True  # asleep meanwhile by its trainer's own sleep: the room is there, its weights its own
             # Planned again without it; the wake goes on only if the rest fits.
             log.warning(
@@ -299,8 +296,7 @@ class Arbiter:
         return True
 
     async def _after_wake(self, engine: Engine, before: GpuReading, *, measure: bool) -> None:
-        coordinator = engine.coordinator
-        if coordinator.state in _NOT_AWAKE:
+        if engine.state in _NOT_AWAKE:
             return  # a partial wake: nothing to measure or reload yet
         # Only a wake from a full sleep adds the footprint; one from level 0 or a partial wake adds a part.
         if measure and engine.footprint.configured is None and engine.footprint.measured is None:
@@ -308,21 +304,21 @@ class Arbiter:
             if before.available and after.available:
                 gpus = engine.config.gpus
                 engine.footprint.measured_growth(_used_on(after, gpus) - _used_on(before, gpus))
-        if engine.name in self.reload_on_wake and coordinator.record.weights_stale is Staleness.DISCARDED:
+        if engine.name in self.reload_on_wake and engine.view().weights_stale is Staleness.DISCARDED:
             method = self._settings.weight_reload_rpc_methods[0]
             body = json.dumps({"method": method}).encode()
             # The reload commits a weight change: its coordinator resets the prefix cache (lifecycle/prefix_cache.py).
-            await coordinator.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
+            await engine.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
         self.reload_on_wake.discard(engine.name)
 
     # ----- what the planner sees
     async def _wake_need(self, engine: Engine, call: LifecycleCall) -> int | None:
-        view = engine.coordinator.record.view()
+        view = engine.view()
         wakes = wake_targets(call, view)
         resident = None
         if wakes and view.asleep_tags != {"scheduling"}:
             # Its own reading (the simulator's file has one per engine; NVML's device totals do not).
-            reading = await engine.verifier.read_memory()
+            reading = await engine.read_memory()
             resident = reading.used_bytes if reading.available else None
         footprint = engine.footprint
         return wake_need(footprint.bytes, view.asleep_tags, wakes, awake_bytes=footprint.awake_scale, resident=resident)
@@ -331,14 +327,13 @@ class Arbiter:
         for other in self._engines.values():
             if other.name == name:
                 continue
-            coordinator = other.coordinator
             yield Neighbour(
                 name=other.name,
                 gpus=other.config.gpus,
-                residency=_residency(coordinator),
+                residency=_residency(other),
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
-                busy=coordinator.record.weight_update_active or other.name in tried,
+                busy=other.view().weight_update_active or other.name in tried,
                 inflight=other.gate.inflight,
                 held=other.gate.held,
                 last_used=other.gate.last_activity,
@@ -368,7 +363,7 @@ class Arbiter:
             device = reading.devices[index] if reading.available and index < len(reading.devices) else None
             gpus[str(index)] = {
                 "engines": [engine.name for engine in on_it],
-                "awake": [engine.name for engine in on_it if engine.coordinator.state not in _NOT_AWAKE],
+                "awake": [engine.name for engine in on_it if engine.state not in _NOT_AWAKE],
                 "used_bytes": device.used_bytes if device else None,
                 "total_bytes": device.total_bytes if device else None,
                 "free_bytes": device.total_bytes - device.used_bytes if device else None,
@@ -406,17 +401,8 @@ class Arbiter:
         }
 
 
-def _residency(coordinator: LifecycleCoordinator) -> Residency:
-    view = coordinator.record.view()
-    verifier = coordinator.verifier
-    # A sleep known from vLLM's gauge alone is unconfirmed too; only a reading that shows the awake footprint
-    # still there says it kept its memory (else every engine found asleep at the proxy's start would).
-    kept = (
-        view.sleep_unconfirmed
-        and verifier.last_memory is not None
-        and verifier.memory_freed(verifier.last_memory) is False
-    )
-    return residency(coordinator.state, view.asleep_tags, unconfirmed=kept)
+def _residency(engine: Engine) -> Residency:
+    return residency(engine.state, engine.view().asleep_tags, unconfirmed=engine.asleep_holding_memory)
 
 
 def _used_on(reading: GpuReading, gpus: tuple[int, ...]) -> int:
