@@ -6,4 +6,6 @@ its lock (sleep and wake, the weight updates, one call to vLLM), the verifier of
 in flight, the prefix cache's partition, the state file, the reconcile loop and the policies. Knows nothing of other
 engines (`sharing/`) or of client connections (`front/`).
 May import: upstream, config, gpu, observe, errors, tasks.
+Door: engine (`Engine`, the one door); the vocabulary: states, parsed_calls, outcome, gate (the ticket),
+rules (the sleep tags, staleness, wake targets), prefix_cache (reading a reset's answer).
 """

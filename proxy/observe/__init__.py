@@ -3,4 +3,5 @@
 Owns: the Prometheus registry and every series (`metrics`, `request_metrics`), the log set-up (`logs`), counting
 routes no table classifies (`unknown_routes`) and `vllm-lifeguard status` (`status_cli`). Decides nothing.
 May import: nothing of the proxy.
+Door: metrics, logs, unknown_routes, status_cli (the command).
 """
