@@ -19,7 +19,6 @@ from ..errors import BodyTimeout, BodyTooLarge, LifeguardError
 from ..lifecycle.engine import Engine
 from ..upstream.refusals import Refusal
 from .admin import admin_carrier
-from .answered import Answered
 from .boundary import caught
 from .exchange import Exchange
 from .held import HeldExchange
@@ -270,11 +269,7 @@ class FrontConnection(asyncio.Protocol):
             self._active = new
 
     def back_to_the_gate(self, old: Exchange, engine: Engine, refusal: Refusal) -> None:
-        request = old.request
-        request.reholds += 1
-        engine_set = self._front.engine_set
-        again = Answered(self, request, self._front.after_refusal(self, request, engine, refusal),
-                         tasks=engine_set.tasks, count=engine.metrics.proxy_error)  # fmt: skip
+        again = self._front.after_refusal(self, old.request, engine, refusal)
         self.replace_exchange(old, again)
         again.start()
 

@@ -68,14 +68,19 @@ class Front:
             raise ModelNotFound(model)
         return self.for_engine(client, request, route, self.engine_set.engines[name])
 
-    async def after_refusal(
+    def after_refusal(
         self, client: FrontConnection, request: ParsedRequest, engine: Engine, refusal: Refusal
     ) -> Exchange:
-        """A request vLLM refused for the engine's own state, once the coordinator has read and adopted that
-        state: through the gate again (forwarded, held, or refused with the reason)."""
-        await engine.refused_by_vllm(refusal)
-        assert request.route is not None
-        return self.for_engine(client, request, request.route, engine)
+        """The retry, in one place: a request vLLM refused for the engine's own state goes through the gate again
+        (forwarded, held, or refused with the reason) once the engine has read and adopted that state."""
+        request.reholds += 1
+
+        async def again() -> Exchange:
+            await engine.refused_by_vllm(refusal)
+            assert request.route is not None
+            return self.for_engine(client, request, request.route, engine)
+
+        return Answered(client, request, again(), tasks=self.engine_set.tasks, count=engine.metrics.proxy_error)
 
     def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
         kind = route.kind
