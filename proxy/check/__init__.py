@@ -6,6 +6,6 @@ One module per concern: `client` (HTTP with a deadline on every call), `target` 
 `matrix` (the rows), `run` (both columns), `report` (terminal, JSON, Markdown), `html` (the page), `cli` (the
 command). A client of vLLM and of a lifeguard, never on the proxy's own path.
 May import: front (the route table), gpu (the readers), lifecycle (reading a reset's answer), observe (the admin
-token a client sends), upstream (the wording of a transport failure), errors, and the package version.
+token a command-line client sends), upstream (the wording of a transport failure), errors, and the package version.
 Door: cli (the command).
 """
