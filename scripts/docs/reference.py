@@ -202,7 +202,7 @@ def settings_md() -> str:
         f"* `{sources.CONFIG_VARIABLE}`, the YAML file; `{sources.REMOVED_VARIABLE}`, a removed setting (`raw` is "
         "accepted and ignored, anything else refused, as in the file);",
         f"* the ones this repository's own scripts, tests and CI read, so that a proxy they start in their "
-        f"environment starts: {tools}, and {prefixes} (`tests/unit/test_settings_sources.py` fails on one they "
+        f"environment starts: {tools}, and {prefixes} (`tests/unit/config/test_settings_sources.py` fails on one they "
         "read that is not listed here);",
         "* Kubernetes' service links for a Service named `lifeguard` (`LIFEGUARD_SERVICE_HOST`, "
         "`LIFEGUARD_SERVICE_PORT*`, `LIFEGUARD_PORT_<port>_TCP*`). Such a Service also sets `LIFEGUARD_PORT` to "

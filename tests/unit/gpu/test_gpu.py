@@ -342,7 +342,7 @@ async def test_a_lying_sleep_of_one_engine_is_caught_while_its_neighbour_frees_m
     from proxy.config import Settings
     from proxy.lifecycle.verdict import CheckResult
     from proxy.lifecycle.verifier import Expectation, MemoryChange, Verifier
-    from tests.unit.test_verifier import ASLEEP, FakeClient
+    from tests.unit.lifecycle.test_verifier import ASLEEP, FakeClient
 
     per_process[0] = [(101, 50 * GIB), (201, 50 * GIB)]
     settings = Settings(upstream="http://127.0.0.1:1", verify_timeout_s=0.05, verify_poll_interval_s=0.01)
