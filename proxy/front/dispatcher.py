@@ -51,7 +51,7 @@ class Front:
             return Answered(client, request, own(engine_set, route, request), tasks=engine_set.tasks,
                             count=engine_set.metrics.proxy_error)  # fmt: skip
         if route.engine is not None:
-            return self.for_engine(client, request, route, route.engine)
+            return self.engine_exchange(client, request, route, route.engine)
         model = model_of(request.whole_body()) if route.by_model else None
         if model is None:
             raise self.router.not_chosen(route)
@@ -59,14 +59,14 @@ class Front:
         if name is None:
             return Answered(client, request, self._discovered(client, request, route, model), tasks=engine_set.tasks,
                             count=engine_set.metrics.proxy_error)  # fmt: skip
-        return self.for_engine(client, request, route, engine_set.engines[name])
+        return self.engine_exchange(client, request, route, engine_set.engines[name])
 
     async def _discovered(self, client: FrontConnection, request: ParsedRequest, route: Route, model: str) -> Exchange:
         """A model no engine was known to serve: ask the engines once more (a LoRA adapter loaded since)."""
         name = await self.engine_set.directory.engine_for(model)
         if name is None:
             raise ModelNotFound(model)
-        return self.for_engine(client, request, route, self.engine_set.engines[name])
+        return self.engine_exchange(client, request, route, self.engine_set.engines[name])
 
     def after_refusal(
         self, client: FrontConnection, request: ParsedRequest, engine: Engine, refusal: Refusal
@@ -78,11 +78,14 @@ class Front:
         async def again() -> Exchange:
             await engine.refused_by_vllm(refusal)
             assert request.route is not None
-            return self.for_engine(client, request, request.route, engine)
+            return self.engine_exchange(client, request, request.route, engine)
 
         return Answered(client, request, again(), tasks=self.engine_set.tasks, count=engine.metrics.proxy_error)
 
-    def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
+    def engine_exchange(
+        self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine
+    ) -> Exchange:
+        """The exchange that answers `request` for `engine`, as the engine decides it."""
         kind = route.kind
         if kind is RouteKind.INFERENCE:
             ticket = engine.admit()
