@@ -13,7 +13,7 @@ carries, plan and run a control call, the serving refusal, the view of the state
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -199,6 +199,36 @@ class Engine:
     async def read_memory(self) -> GpuReading:
         """The GPUs' memory as this engine's own reader sees it now."""
         return await self.verifier.read_memory()
+
+    @property
+    def requests_held(self) -> int:
+        return self.gate.held
+
+    @property
+    def requests_in_flight(self) -> int:
+        return self.gate.inflight
+
+    @property
+    def oldest_held_since(self) -> float | None:
+        """When the request held longest arrived (time.monotonic()), if any is held."""
+        return self.gate.oldest_held_since
+
+    @property
+    def last_activity(self) -> float:
+        """When a request last came to the gate (time.monotonic())."""
+        return self.gate.last_activity
+
+    def refuse_held(self, error: LifeguardError) -> None:
+        """Answer every held request `error` now (a wake that cannot happen); new requests are admitted as before."""
+        self.gate.refuse_held(error)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is in flight, at most `timeout_s`; returns whether it became idle."""
+        return await self.gate.wait_idle(timeout_s)
+
+    def spawn(self, work: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Run `work` as one of this engine's tasks: it ends, at the latest, when the engine closes."""
+        return self.tasks.spawn(work, name=name)
 
     @property
     def asleep_holding_memory(self) -> bool:

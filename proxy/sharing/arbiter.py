@@ -118,7 +118,7 @@ class Arbiter:
             pending = asyncio.get_running_loop().create_future()
             pending.add_done_callback(_mark_retrieved)
             self._wakes[key] = pending
-            self._engines[name].tasks.spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
+            self._engines[name].spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
         return await asyncio.shield(pending)
 
     async def _wake_task(self, name: str, call: LifecycleCall, submit: Submit, done: asyncio.Future[Outcome]) -> None:
@@ -135,7 +135,7 @@ class Arbiter:
     async def _wake(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         engine = self._engines[name]
         started = time.monotonic()
-        waiting_since = engine.gate.oldest_held_since
+        waiting_since = engine.oldest_held_since
         try:
             await self._neighbours_turn(engine, call)
             self._waits[name] = _Wait("its GPUs, behind earlier swaps or weight loads")
@@ -158,7 +158,7 @@ class Arbiter:
                         refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
                     if refusal is not None:
                         # Waiting out their deadline would not change it: the held requests get the reason now.
-                        engine.gate.refuse_held(refusal)
+                        engine.refuse_held(refusal)
                     raise
                 now = time.monotonic()
                 self._awake_since[name] = now
@@ -171,7 +171,7 @@ class Arbiter:
     async def _neighbours_turn(self, engine: Engine, call: LifecycleCall) -> None:
         """Before a wake asked for by held requests, the neighbour it would put to sleep serves its turn (no GPU
         is locked meanwhile: a neighbour's own weight loads go on)."""
-        waiting_since = engine.gate.oldest_held_since
+        waiting_since = engine.oldest_held_since
         if waiting_since is None or engine.state is not State.SLEEPING:
             return  # a wake nobody waits for (a trainer's): at once
         free = free_per_gpu(await self._gpu.read(), engine.config.gpus)
@@ -183,15 +183,14 @@ class Arbiter:
         victim = self._engines[plan.victim]
         if victim.state is not State.RUNNING:
             return
-        if victim.gate.inflight == 0 and victim.gate.last_activity <= waiting_since:
+        if victim.requests_in_flight == 0 and victim.last_activity <= waiting_since:
             return  # unused since the requests began waiting: nothing to finish
         ends = max(self._awake_since.get(victim.name, 0.0), waiting_since) + self._settings.swap_quantum_s
         self._waits[engine.name] = _Wait(f"{victim.name} serves its turn", until=ends)
         # The turn is for what it serves: it ends early once nothing is in flight and nothing new came for a
         # moment (its clients may all be waiting for this very swap: the bench's closed-loop clients did).
         while (left := ends - time.monotonic()) > 0:
-            gate = victim.gate
-            if gate.inflight == 0 and time.monotonic() - gate.last_activity >= _TURN_IDLE_S:
+            if victim.requests_in_flight == 0 and time.monotonic() - victim.last_activity >= _TURN_IDLE_S:
                 return
             await asyncio.sleep(min(left, _TURN_IDLE_S))
 
@@ -228,7 +227,7 @@ class Arbiter:
                     log.warning(
                         "%s still served %d request(s) after %g s of draining for %s; its sleep ends them",
                         victim.name,
-                        victim.gate.inflight,
+                        victim.requests_in_flight,
                         timeout,
                         for_engine,
                         extra={"event": "swap_drain_timeout", "engine": victim.name, "for_engine": for_engine},
@@ -243,8 +242,8 @@ class Arbiter:
         or pause in mode keep freezes what it serves inside vLLM until a wake or a resume that this swap, holding
         the GPUs, would keep waiting (chaos seed 2096); the sleep that follows ends those requests instead."""
         moved_on = victim.next_state_change()
-        idle = victim.tasks.spawn(victim.gate.wait_idle(timeout_s), name=f"drain:{victim.name}")
-        left = victim.tasks.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
+        idle = victim.spawn(victim.wait_idle(timeout_s), name=f"drain:{victim.name}")
+        left = victim.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
         try:
             await asyncio.wait({idle, left}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -334,9 +333,9 @@ class Arbiter:
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
                 busy=other.view().weight_update_active or other.name in tried,
-                inflight=other.gate.inflight,
-                held=other.gate.held,
-                last_used=other.gate.last_activity,
+                inflight=other.requests_in_flight,
+                held=other.requests_held,
+                last_used=other.last_activity,
                 footprint_bytes=other.footprint.bytes,
             )
 
@@ -386,15 +385,17 @@ class Arbiter:
                 for t in self._turns
             ],
             "swap_quantum_s": self._settings.swap_quantum_s,
-            "waiting": {name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.gate.held},
+            "waiting": {
+                name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.requests_held
+            },
         }
 
     def _waiting(self, engine: Engine, now: float) -> dict[str, Any]:
         """An engine's held requests, and what the swap that would serve them waits for now."""
-        oldest = engine.gate.oldest_held_since
+        oldest = engine.oldest_held_since
         wait = self._waits.get(engine.name)
         return {
-            "requests": engine.gate.held,
+            "requests": engine.requests_held,
             "oldest_wait_s": round(now - oldest, 3) if oldest is not None else None,
             "swap_waits_for": wait.what if wait is not None else None,
             "turn_left_s": round(max(wait.until - now, 0.0), 3) if wait is not None and wait.until else None,
