@@ -135,8 +135,9 @@ class Engine:
 
     @property
     def weights_stale(self) -> bool:
-        """Whether an answer carries `X-Lifeguard-Weights-Stale` (a restarted proxy cannot vouch for the weights)."""
-        return self.coordinator.weights_stale
+        """Whether an answer carries `X-Lifeguard-Weights-Stale` (a restarted proxy cannot vouch for the weights).
+        Read once per admitted request: from the record, without another call."""
+        return self.coordinator.record.weights_stale is not None
 
     def body_to_send(self, path: str, body: bytes) -> bytes:
         """An admitted inference request's body as vLLM gets it: salted apart from the prefix cache that older
