@@ -1,5 +1,5 @@
-"""`Lifeguard`: one running proxy: its engines (proxy/engine.py), what stands above them, and the front on
-its listening socket (proxy/front/front.py). No globals: tests build as many as they like.
+"""`Lifeguard`: one running proxy: its engines (proxy/lifecycle/engine.py), what stands above them, and the front on
+its listening socket (proxy/front/connection.py). No globals: tests build as many as they like.
 
 Start: the engines (each starts finding out what its vLLM is), then the socket. Shutdown: the socket stops
 accepting; every engine answers its held requests 503 `shutting_down` and refuses new ones; exchanges in
@@ -18,14 +18,14 @@ from prometheus_client import CollectorRegistry
 from . import __version__
 from .config import Settings
 from .config.startup_errors import cannot_listen, state_file_problem
-from .engine import Engine
+from .front.dispatcher import Front
 from .front.engine_set import EngineSet
-from .front.front import Front
 from .front.listener import Listener, listening_sockets
 from .front.model_directory import ModelDirectory
 from .front.route_table import LIFECYCLE_PATHS, build_table
 from .front.routing import Router
 from .gpu.readers import GpuMemoryReader, make_engine_reader, make_reader
+from .lifecycle.engine import Engine
 from .lifecycle.states import TRANSITIONS, State
 from .observe.metrics import Metrics
 from .sharing.arbiter import Arbiter

@@ -22,5 +22,5 @@ promtool check rules deploy/prometheus/lifeguard-rules.yaml
 promtool test rules deploy/prometheus/lifeguard-rules.test.yaml
 
 # -m prometheus overrides pyproject's addopts, which leave this marker out of `make test` (with the exposition's
-# promtool check of tests/unit/test_metrics.py).
-"$VENV/bin/pytest" -m prometheus tests/observability tests/unit/test_metrics.py -q -rP -p no:cacheprovider "$@"
+# promtool check of tests/unit/observe/test_metrics.py).
+"$VENV/bin/pytest" -m prometheus tests/observability tests/unit/observe/test_metrics.py -q -rP -p no:cacheprovider "$@"

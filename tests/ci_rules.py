@@ -1,6 +1,6 @@
 """What every pytest run holds a test to beyond passing, so that CI cannot go green while coverage is gone
 (tests/README.md, "What CI holds every test to"). Its hooks are tests/conftest.py's (imported there); the tooling
-tests run pytest on files of their own with `-p ci_rules` (tests/unit/test_ci_rules.py).
+tests run pytest on files of their own with `-p ci_rules` (tests/tooling/test_ci_rules.py).
 
 * An xfail pins a known bug, and only that: strict (the day the bug is fixed it fails, and is turned into a plain
   test) and with `raises=` (the bug's own exception: a test whose body broke, a method renamed under it, is a

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..observe.status_cli import client_admin_token
+from ..observe.admin_token import client_admin_token
 from .html import to_html
 from .matrix import ROWS, select
 from .report import document, to_json, to_markdown, to_terminal

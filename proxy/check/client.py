@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import aiohttp
 import yarl
 
-from ..errors import transport_failure
+from ..upstream.failures import transport_failure
 
 #: The header the lifeguard reads its admin token from.
 TOKEN_HEADER = "X-Lifeguard-Token"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .engine import Column
+from .column import Column
 from .scenarios import (
     Finding,
     level2_without_reload,

@@ -12,7 +12,7 @@ import aiohttp
 
 from ..gpu.readers import GpuMemoryReader, make_reader
 from .client import CALL_TIMEOUT_S, Http
-from .engine import PENDING_WINDOW_S, Column
+from .column import PENDING_WINDOW_S, Column
 from .matrix import Row, select
 from .scenarios import GREEN, RED, SKIP, Finding
 from .target import CheckError, Target, inspect

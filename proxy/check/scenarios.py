@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .client import Reply
-from .engine import WAIT_DEADLINE_S, Column, completion_text, eventually, prefix_cache_reset_said
+from .column import WAIT_DEADLINE_S, Column, completion_text, eventually, prefix_cache_reset_said
 from .target import metric_sum
 
 GREEN, RED, SKIP = "green", "red", "skip"

@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     )
 
     # --- the data plane
-    # One front (proxy/front/front.py) serves every request of every engine.
+    # One front (proxy/front/connection.py) serves every request of every engine.
     connect_timeout_s: float = Field(
         default=5.0, gt=0, description="Seconds to open a TCP connection to vLLM before the attempt fails."
     )
@@ -531,7 +531,7 @@ class Settings(BaseSettings):
 
     def guarded_engines(self) -> tuple[EngineSettings, ...]:
         """Every engine this proxy guards: `engines:`, or the one `upstream:` names (called `default`, with the
-        top-level `on_sleeping`). One engine or several, each is guarded the same way (proxy/engine.py)."""
+        top-level `on_sleeping`). One engine or several, each is guarded the same way (proxy/lifecycle/engine.py)."""
         if self.engines:
             return self.engines
         if self.upstream is None or self.upstream == SIMULATOR:

@@ -35,8 +35,8 @@ CONFIG_VARIABLE = "LIFEGUARD_CONFIG"
 #: A setting removed, still accepted as its YAML key is (`data_plane: raw`; Settings._no_data_plane).
 REMOVED_VARIABLE = "LIFEGUARD_DATA_PLANE"
 #: `LIFEGUARD_` variables that the repository's own scripts, tests and CI read, not settings of `serve`: left alone,
-#: so that a proxy started in their environment starts (tests/unit/test_settings_sources.py fails on one they read
-#: and this lacks).
+#: so that a proxy started in their environment starts (tests/unit/config/test_settings_sources.py fails on one they
+#: read and this lacks).
 TOOL_VARIABLES = frozenset(
     {
         "LIFEGUARD_CACHE",

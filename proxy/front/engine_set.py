@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import Settings
-from ..engine import Engine
+from ..lifecycle.engine import Engine
 from ..observe.metrics import Metrics
 from ..sharing.arbiter import Arbiter
 from ..tasks import Tasks

@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..engine import Engine
 from ..errors import AbortedBySleep, LifeguardError, StreamBroken, UpstreamUnreachable
+from ..lifecycle.engine import Engine
 from ..lifecycle.gate import Ticket
-from ..lifecycle.prefix_cache import SALTED_PATHS, salted
 from ..upstream.pool import UpstreamConnection
 from ..upstream.refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .boundary import caught
@@ -67,7 +66,7 @@ class Exchange(Protocol):
 
 
 class ClientSide(Protocol):
-    """The client connection an exchange answers on (proxy/front/front.py)."""
+    """The client connection an exchange answers on (proxy/front/connection.py)."""
 
     transport: asyncio.Transport
     writing_paused: bool
@@ -203,10 +202,8 @@ class Forward(Answering):
         if basic_auth is not None and not authorization:
             lines.append(b"Authorization: " + basic_auth)
         body = request.whole_body()
-        if self._ticket is not None:
-            partition = self._engine.coordinator.record.prefix_partition
-            if partition is not None and request.route is not None and request.route.path in SALTED_PATHS:
-                body = salted(body, partition.salt)
+        if self._ticket is not None and request.route is not None:
+            body = self._engine.body_to_send(request.route.path, body)
         if body or request.method not in (b"GET", b"HEAD"):
             lines.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(lines) + b"\r\n\r\n" + body

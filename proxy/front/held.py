@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..engine import Engine
 from ..errors import LifeguardError
+from ..lifecycle.engine import Engine
 from ..lifecycle.gate import Parked, Ticket
 from .boundary import caught
 from .exchange import Answering, ClientSide, Forward
@@ -43,7 +43,7 @@ class HeldExchange(Answering):
     def start(self) -> None:
         self.request.compact()
         try:
-            self._parked = self._engine.gate.park(self, self.request.body_size)
+            self._parked = self._engine.hold(self, self.request.body_size)
         except LifeguardError as exc:
             self.refused(exc)
 
@@ -52,7 +52,7 @@ class HeldExchange(Answering):
         self.finished = True
         try:
             forward = Forward(self.client, self.request, self._engine, self._target, ticket=ticket,
-                              stale=self._engine.coordinator.weights_stale)  # fmt: skip
+                              stale=self._engine.weights_stale)  # fmt: skip
             self.client.replace_exchange(self, forward)
             forward.start()
         except Exception as exc:

@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine import Engine
 from ..errors import UpstreamError
+from ..lifecycle.engine import Engine
 
 log = logging.getLogger("lifeguard.models")
 

@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..engine import Engine
 from ..errors import EngineNotChosen, UnknownEngine
+from ..lifecycle.engine import Engine
 from .route_table import LIFECYCLE_PATHS, RouteKind, RouteTable
 from .target import below_mount, canonical_target
 

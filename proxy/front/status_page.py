@@ -1,6 +1,6 @@
 """`/lifeguard/ui`: one self-contained, read-only status page that draws `/lifeguard/state` every second.
 
-Pure functions for the page's two requests (headers and body in, a `wire.Answer` out); answers.py routes them.
+Pure functions for the page's two requests (headers and body in, a `wire.Answer` out); own_answers.py routes them.
 With `admin_token` set the page answers 401 with a sign-in form whose POST leaves a session cookie (admin.py).
 Every answer carries a Content-Security-Policy that allows only the page's own hashed script and style.
 """

@@ -20,14 +20,15 @@ from ..errors import LifecycleBusy, LifeguardError, UpstreamError, UpstreamRejec
 from ..gpu.readers import GpuReading
 from ..observe.metrics import EngineMetrics
 from ..tasks import Tasks
-from ..upstream.control_client import VllmClient
 from ..upstream.observation import LateReads, Observation
 from ..upstream.refusals import Refusal
-from .calls import LifecycleCall
+from ..upstream.vllm_client import VllmClient
 from .engine_calls import EngineCalls
 from .gate import RequestGate
 from .inflight import InFlightRequests
 from .outcome import Outcome, answered_by_us, from_vllm
+from .parsed_calls import LifecycleCall
+from .persisted_facts import PersistedFacts
 from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .record import EngineRecord, FailureKind
 from .rules import (
@@ -44,7 +45,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
-from .state_file import PersistedFacts, StateFile
+from .state_file import StateFile
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from ..config import Settings
 from ..errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from ..tasks import Tasks
-from ..upstream.control_client import Reply, VllmClient
-from .calls import LifecycleCall
+from ..upstream.vllm_client import Reply, VllmClient
+from .parsed_calls import LifecycleCall
 from .record import EngineRecord
 from .states import State
 from .verifier import Verifier

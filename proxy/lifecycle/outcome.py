@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..upstream.control_client import Reply
-from .verifier import Verdict
+from ..upstream.vllm_client import Reply
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import time
 from ..config import Settings
 from ..errors import LifeguardError
 from ..observe.metrics import EngineMetrics
-from .calls import LifecycleCall
 from .coordinator import LifecycleCoordinator
 from .gate import RequestGate
+from .parsed_calls import LifecycleCall
 from .rules import Staleness
 from .states import State
 

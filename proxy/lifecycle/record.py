@@ -19,10 +19,10 @@ from typing import Any
 from ..observe.metrics import EngineMetrics
 from ..upstream.elastic_ep import ElasticStatus, ElasticVerdict
 from ..upstream.observation import Observation
+from .persisted_facts import PersistedFacts
 from .prefix_cache import Partition
 from .reachability import Reachability
 from .rules import WEIGHTLESS, EngineView, FailureKind, SessionTarget, Staleness, asleep_tags_for
-from .state_file import PersistedFacts
 from .states import Lifecycle, State
 
 __all__ = ["EngineRecord", "FailureKind"]

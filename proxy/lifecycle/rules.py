@@ -28,7 +28,7 @@ from ..errors import (
     WeightUpdateActive,
     WeightUpdateInProgress,
 )
-from .calls import LifecycleCall
+from .parsed_calls import LifecycleCall
 from .states import State
 from .worker_rpcs import RpcKind, noop_reply
 

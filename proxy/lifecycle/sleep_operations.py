@@ -14,14 +14,15 @@ from dataclasses import replace
 from ..config import Settings
 from ..errors import VerificationFailed
 from ..observe.metrics import EngineMetrics
-from .calls import LifecycleCall
 from .engine_calls import EngineCalls
 from .gate import RequestGate
 from .outcome import Outcome, from_vllm
+from .parsed_calls import LifecycleCall
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
 from .states import State
-from .verifier import CheckName, CheckResult, Expectation, MemoryChange, Verdict, Verifier
+from .verdict import CheckName, CheckResult, Verdict
+from .verifier import Expectation, MemoryChange, Verifier
 from .weight_checksums import WeightChecksums
 from .worker_rpcs import RpcKind
 

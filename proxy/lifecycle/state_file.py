@@ -12,58 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from .persisted_facts import PersistedFacts
 from .prefix_cache import Partition
 from .rules import ALL_SLEEP_TAGS, SessionTarget, Staleness
 from .states import State
 
 log = logging.getLogger("lifeguard.state_file")
-
-
-@dataclass(frozen=True)
-class PersistedFacts:
-    # Why the weights vLLM holds were not the intended ones; None: they were valid.
-    weights_stale: Staleness | None = None
-    # The pause to re-apply on the next wake (a /pause recorded while asleep).
-    user_pause: str | None = None
-    # What the proxy held to be asleep, and at which level: only a verified wake clears them.
-    asleep_tags: tuple[str, ...] = ()
-    sleep_level: int | None = None
-    # The flags read asleep but nothing was freed (a /sleep from PAUSED that did nothing reads the same): a
-    # repeat of that sleep is sent to vLLM, not answered as a no-op.
-    sleep_unconfirmed: bool = False
-    # The asleep tags were put to sleep by a worker RPC behind vLLM's executor (skyrl_sleep_for_weight_sync):
-    # vLLM's flags read "paused", and only that RPC's wake brings them back.
-    asleep_outside_vllm: bool = False
-    # vLLM's prefix cache may hold blocks computed by older weights; admitted inference carries this salt.
-    prefix_partition: Partition | None = None
-    # The weight update session vLLM holds open (what it writes: model, drafter, lora_adapter), and the state its
-    # finish returns to: vLLM has no flag for a session, and an /update_weights inside one is not a whole update.
-    weight_update_session: str | None = None
-    session_returns_to: str | None = None
-    # One digest of vLLM's weight checksums taken before a level-1 sleep (weight_checksums: always): what its wake must
-    # bring back, also when no proxy saw the wake (a proxy killed while it ran, or restarted while vLLM slept).
-    weights_before_sleep: str | None = None
-
-    def __str__(self) -> str:
-        """The facts in words, for the log line of a restarted proxy."""
-        said = [f"weights {self.weights_stale}" if self.weights_stale is not None else "weights current"]
-        if self.asleep_tags:
-            level = f" at level {self.sleep_level}" if self.sleep_level is not None else ""
-            unconfirmed = ", unconfirmed" if self.sleep_unconfirmed else ""
-            outside = ", by a worker RPC" if self.asleep_outside_vllm else ""
-            said.append(f"asleep ({', '.join(self.asleep_tags)}){level}{unconfirmed}{outside}")
-        if self.user_pause is not None:
-            said.append(f"a pause ({self.user_pause}) to re-apply on the wake")
-        if self.weight_update_session is not None:
-            said.append(f"a weight update session open on the {self.weight_update_session}")
-        if self.prefix_partition is not None:
-            said.append("inference salted apart from the old prefix cache")
-        if self.weights_before_sleep is not None:
-            said.append("the weights' checksums before the sleep")
-        return "; ".join(said)
 
 
 # What a state file that cannot be read means: the weights cannot be vouched for.

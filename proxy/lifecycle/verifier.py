@@ -13,30 +13,15 @@ import enum
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from ..config import Settings
 from ..errors import UpstreamError
 from ..gpu.footprint import Footprint
 from ..gpu.readers import GpuMemoryReader, GpuReading
-from ..upstream.control_client import VllmClient
 from ..upstream.observation import LateReads, Observation
-
-
-class CheckName(enum.StrEnum):
-    HEALTH = "health"
-    FLAGS = "flags"
-    MEMORY = "memory"
-    CANARY = "canary"
-    LORA = "lora"
-    WEIGHTS = "weights"  # vLLM's weight checksums (proxy/lifecycle/weight_checksums.py)
-
-
-class CheckResult(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    UNAVAILABLE = "unavailable"
+from ..upstream.vllm_client import VllmClient
+from .verdict import Check, CheckName, CheckResult, Verdict
 
 
 class MemoryChange(enum.StrEnum):
@@ -56,39 +41,6 @@ class Expectation:
     paused: bool | None = None
     memory: MemoryChange | None = None
     canary: bool = False
-
-
-@dataclass(frozen=True)
-class Check:
-    name: CheckName
-    result: CheckResult
-    detail: str
-    value: Any = None
-
-
-@dataclass
-class Verdict:
-    checks: list[Check] = field(default_factory=list)
-    observation: Observation | None = None
-    memory: GpuReading | None = None
-    at: float = field(default_factory=time.time)
-    seconds: float = 0.0
-
-    def summary(self) -> str:
-        """`name=result` per check, as sent in `X-Lifeguard-Verified`."""
-        return ",".join(f"{c.name}={c.result}" for c in self.checks)
-
-    @property
-    def failed(self) -> Check | None:
-        return next((c for c in self.checks if c.result is CheckResult.FAIL), None)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.failed is None,
-            "at": self.at,
-            "seconds": round(self.seconds, 4),
-            "checks": [_json_safe(c.__dict__) for c in self.checks],
-        }
 
 
 @dataclass(frozen=True)
@@ -477,17 +429,6 @@ def _flag_problem(obs: Observation, expect: Expectation) -> str | None:
 
 def _dead(obs: Observation) -> str:
     return "engine unreachable" + (f": {obs.error}" if obs.error else "") if not obs.reachable else "/health is not 200"
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and infinities (a garbage canary's logprob) are not JSON; /lifeguard/state must stay parseable."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _gib(n: int) -> str:

@@ -18,8 +18,8 @@ from typing import Any
 from ..config import Settings
 from ..errors import UpstreamError
 from ..observe.metrics import EngineMetrics
-from ..upstream.control_client import VllmClient
-from .verifier import Check, CheckName, CheckResult
+from ..upstream.vllm_client import VllmClient
+from .verdict import Check, CheckName, CheckResult
 
 log = logging.getLogger("lifeguard.lifecycle")
 

@@ -23,13 +23,13 @@ from ..errors import (
     WeightUpdateActive,
     WeightUpdateSessionLost,
 )
-from ..upstream.control_client import Reply
-from .calls import LifecycleCall
+from ..upstream.vllm_client import Reply
 from .engine_calls import EngineCalls
+from .parsed_calls import LifecycleCall
 from .record import EngineRecord
 from .rules import START_OPERATIONS, SessionTarget, Staleness
 from .states import State
-from .verifier import CheckName, CheckResult
+from .verdict import CheckName, CheckResult
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .worker_rpcs import RpcKind
 

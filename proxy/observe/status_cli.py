@@ -15,8 +15,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any, TextIO
+
+from .admin_token import client_admin_token
 
 GIB = 1 << 30
 
@@ -36,14 +37,6 @@ def engines_in(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def state_url(url: str) -> str:
     base = url.rstrip("/")
     return base if base.endswith("/lifeguard/state") else base + "/lifeguard/state"
-
-
-def client_admin_token(token: str | None, token_file: str | None) -> str | None:
-    """The admin token a command-line client (`status`, `check`) sends: the one in `token_file` (--token-file),
-    else `token` (--token), else $LIFEGUARD_ADMIN_TOKEN; None without one. OSError: the file cannot be read."""
-    if token_file:
-        return Path(token_file).read_text().strip()
-    return token or os.environ.get("LIFEGUARD_ADMIN_TOKEN") or None
 
 
 def fetch_state(url: str, token: str | None, timeout: float) -> dict[str, Any]:

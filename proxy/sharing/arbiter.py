@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
-from ..engine import Engine
 from ..errors import InsufficientGpuMemory, LifeguardError, UpstreamBadStatus
 from ..gpu.readers import GpuMemoryReader, GpuReading
-from ..lifecycle.calls import LifecycleCall
-from ..lifecycle.coordinator import LifecycleCoordinator, Submit
+from ..lifecycle.engine import Engine, Submit
 from ..lifecycle.outcome import Outcome
+from ..lifecycle.parsed_calls import LifecycleCall
 from ..lifecycle.rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from ..lifecycle.states import State
 from ..observe.metrics import Metrics
@@ -99,7 +98,7 @@ class Arbiter:
         self._awake_since: dict[str, float] = {}  # when the arbiter's last wake of each engine ended
         self._waits: dict[str, _Wait] = {}  # what each engine being swapped in waits for now
         for name, engine in engines.items():
-            engine.coordinator.guard = _Guard(self, name)
+            engine.guard_with(_Guard(self, name))
 
     async def run(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         if call.op == "wake_up":
@@ -119,7 +118,7 @@ class Arbiter:
             pending = asyncio.get_running_loop().create_future()
             pending.add_done_callback(_mark_retrieved)
             self._wakes[key] = pending
-            self._engines[name].tasks.spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
+            self._engines[name].spawn(self._wake_task(name, call, submit, pending), name=f"swap:{name}")
         return await asyncio.shield(pending)
 
     async def _wake_task(self, name: str, call: LifecycleCall, submit: Submit, done: asyncio.Future[Outcome]) -> None:
@@ -135,16 +134,15 @@ class Arbiter:
 
     async def _wake(self, name: str, call: LifecycleCall, submit: Submit) -> Outcome:
         engine = self._engines[name]
-        coordinator = engine.coordinator
         started = time.monotonic()
-        waiting_since = engine.gate.oldest_held_since
+        waiting_since = engine.oldest_held_since
         try:
             await self._neighbours_turn(engine, call)
             self._waits[name] = _Wait("its GPUs, behind earlier swaps or weight loads")
             async with self._gpus(name, "wake_up"):
-                if coordinator.state is not State.SLEEPING:
+                if engine.state is not State.SLEEPING:
                     return await submit(call)  # the coordinator judges it: a no-op or a refusal
-                from_full_sleep = coordinator.record.asleep_tags >= ALL_SLEEP_TAGS
+                from_full_sleep = engine.view().asleep_tags >= ALL_SLEEP_TAGS
                 try:
                     await self._make_room(engine, call)
                     self._waits[name] = _Wait("its own wake")
@@ -160,7 +158,7 @@ class Arbiter:
                         refusal = InsufficientGpuMemory(f"engine {name} ran out of GPU memory waking up: {exc.message}")
                     if refusal is not None:
                         # Waiting out their deadline would not change it: the held requests get the reason now.
-                        engine.gate.refuse_held(refusal)
+                        engine.refuse_held(refusal)
                     raise
                 now = time.monotonic()
                 self._awake_since[name] = now
@@ -173,8 +171,8 @@ class Arbiter:
     async def _neighbours_turn(self, engine: Engine, call: LifecycleCall) -> None:
         """Before a wake asked for by held requests, the neighbour it would put to sleep serves its turn (no GPU
         is locked meanwhile: a neighbour's own weight loads go on)."""
-        waiting_since = engine.gate.oldest_held_since
-        if waiting_since is None or engine.coordinator.state is not State.SLEEPING:
+        waiting_since = engine.oldest_held_since
+        if waiting_since is None or engine.state is not State.SLEEPING:
             return  # a wake nobody waits for (a trainer's): at once
         free = free_per_gpu(await self._gpu.read(), engine.config.gpus)
         plan = plan_room(
@@ -183,17 +181,16 @@ class Arbiter:
         if not isinstance(plan, Evict):
             return
         victim = self._engines[plan.victim]
-        if victim.coordinator.state is not State.RUNNING:
+        if victim.state is not State.RUNNING:
             return
-        if victim.gate.inflight == 0 and victim.gate.last_activity <= waiting_since:
+        if victim.requests_in_flight == 0 and victim.last_activity <= waiting_since:
             return  # unused since the requests began waiting: nothing to finish
         ends = max(self._awake_since.get(victim.name, 0.0), waiting_since) + self._settings.swap_quantum_s
         self._waits[engine.name] = _Wait(f"{victim.name} serves its turn", until=ends)
         # The turn is for what it serves: it ends early once nothing is in flight and nothing new came for a
         # moment (its clients may all be waiting for this very swap: the bench's closed-loop clients did).
         while (left := ends - time.monotonic()) > 0:
-            gate = victim.gate
-            if gate.inflight == 0 and time.monotonic() - gate.last_activity >= _TURN_IDLE_S:
+            if victim.requests_in_flight == 0 and time.monotonic() - victim.last_activity >= _TURN_IDLE_S:
                 return
             await asyncio.sleep(min(left, _TURN_IDLE_S))
 
@@ -222,15 +219,15 @@ class Arbiter:
     async def _swap_out(self, victim: Engine, *, for_engine: str) -> bool:
         """`victim` drained (new requests for it held, what it serves finished) and put to sleep."""
         try:
-            if victim.coordinator.state is State.RUNNING:
-                victim.coordinator.swap_out(for_engine)
+            if victim.state is State.RUNNING:
+                victim.swap_out(for_engine)
                 self._waits[for_engine] = _Wait(f"{victim.name} finishes what it serves")
                 timeout = self._settings.swap_drain_timeout_s
                 if not await self._drained(victim, timeout):
                     log.warning(
                         "%s still served %d request(s) after %g s of draining for %s; its sleep ends them",
                         victim.name,
-                        victim.gate.inflight,
+                        victim.requests_in_flight,
                         timeout,
                         for_engine,
                         extra={"event": "swap_drain_timeout", "engine": victim.name, "for_engine": for_engine},
@@ -238,15 +235,15 @@ class Arbiter:
             self._waits[for_engine] = _Wait(f"{victim.name} falling asleep")
             return await self._put_to_sleep(victim, for_engine=for_engine)
         finally:
-            victim.coordinator.swap_out(None)
+            victim.swap_out(None)
 
     async def _drained(self, victim: Engine, timeout_s: float) -> bool:
         """Whether what `victim` serves finished within `timeout_s`, or it left RUNNING meanwhile: a trainer's sleep
         or pause in mode keep freezes what it serves inside vLLM until a wake or a resume that this swap, holding
         the GPUs, would keep waiting (chaos seed 2096); the sleep that follows ends those requests instead."""
-        moved_on = victim.coordinator.record.next_state_change()
-        idle = victim.tasks.spawn(victim.gate.wait_idle(timeout_s), name=f"drain:{victim.name}")
-        left = victim.tasks.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
+        moved_on = victim.next_state_change()
+        idle = victim.spawn(victim.wait_idle(timeout_s), name=f"drain:{victim.name}")
+        left = victim.spawn(moved_on.wait(), name=f"drain:{victim.name}:state")
         try:
             await asyncio.wait({idle, left}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -257,7 +254,6 @@ class Arbiter:
     async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
         level = victim.config.swap_sleep_level
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
-        coordinator = victim.coordinator
         if level == 2:
             # Said before the sleep: requests held for it ask for its wake as it settles asleep, and the wake
             # policy wakes discarded weights only when they are reloaded after the wake.
@@ -266,19 +262,19 @@ class Arbiter:
         # Twice at most: a trainer's level-0 sleep may land between the plan and this sleep (chaos seed 11).
         for _ in range(2):
             try:
-                if coordinator.record.asleep_tags == {"scheduling"}:
+                if victim.view().asleep_tags == {"scheduling"}:
                     # Asleep at level 0 it holds all its memory, and a sleep at another level is refused until
                     # it wakes; the wake adds nothing (this GPU's lock is held: no other wake runs meanwhile).
-                    await coordinator.submit_unguarded(LifecycleCall("wake_up", ()))
-                await coordinator.submit_unguarded(call)
+                    await victim.submit_unguarded(LifecycleCall("wake_up", ()))
+                await victim.submit_unguarded(call)
                 failure = None
             except LifeguardError as exc:
                 failure = exc
-            if failure is None or coordinator.record.asleep_tags != {"scheduling"}:
+            if failure is None or victim.view().asleep_tags != {"scheduling"}:
                 break
         if failure is not None:
             self.reload_on_wake.discard(victim.name)
-            if _residency(coordinator) is Residency.ASLEEP:
+            if _residency(victim) is Residency.ASLEEP:
                 return True  # asleep meanwhile by its trainer's own sleep: the room is there, its weights its own
             # Planned again without it; the wake goes on only if the rest fits.
             log.warning(
@@ -299,8 +295,7 @@ class Arbiter:
         return True
 
     async def _after_wake(self, engine: Engine, before: GpuReading, *, measure: bool) -> None:
-        coordinator = engine.coordinator
-        if coordinator.state in _NOT_AWAKE:
+        if engine.state in _NOT_AWAKE:
             return  # a partial wake: nothing to measure or reload yet
         # Only a wake from a full sleep adds the footprint; one from level 0 or a partial wake adds a part.
         if measure and engine.footprint.configured is None and engine.footprint.measured is None:
@@ -308,21 +303,21 @@ class Arbiter:
             if before.available and after.available:
                 gpus = engine.config.gpus
                 engine.footprint.measured_growth(_used_on(after, gpus) - _used_on(before, gpus))
-        if engine.name in self.reload_on_wake and coordinator.record.weights_stale is Staleness.DISCARDED:
+        if engine.name in self.reload_on_wake and engine.view().weights_stale is Staleness.DISCARDED:
             method = self._settings.weight_reload_rpc_methods[0]
             body = json.dumps({"method": method}).encode()
             # The reload commits a weight change: its coordinator resets the prefix cache (lifecycle/prefix_cache.py).
-            await coordinator.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
+            await engine.submit_unguarded(LifecycleCall("collective_rpc", (), body, rpc_method=method))
         self.reload_on_wake.discard(engine.name)
 
     # ----- what the planner sees
     async def _wake_need(self, engine: Engine, call: LifecycleCall) -> int | None:
-        view = engine.coordinator.record.view()
+        view = engine.view()
         wakes = wake_targets(call, view)
         resident = None
         if wakes and view.asleep_tags != {"scheduling"}:
             # Its own reading (the simulator's file has one per engine; NVML's device totals do not).
-            reading = await engine.verifier.read_memory()
+            reading = await engine.read_memory()
             resident = reading.used_bytes if reading.available else None
         footprint = engine.footprint
         return wake_need(footprint.bytes, view.asleep_tags, wakes, awake_bytes=footprint.awake_scale, resident=resident)
@@ -331,17 +326,16 @@ class Arbiter:
         for other in self._engines.values():
             if other.name == name:
                 continue
-            coordinator = other.coordinator
             yield Neighbour(
                 name=other.name,
                 gpus=other.config.gpus,
-                residency=_residency(coordinator),
+                residency=_residency(other),
                 pinned=other.config.pinned,
                 # Its lock held by the reconcile loop is not busy: the sleep waits its turn on that lock.
-                busy=coordinator.record.weight_update_active or other.name in tried,
-                inflight=other.gate.inflight,
-                held=other.gate.held,
-                last_used=other.gate.last_activity,
+                busy=other.view().weight_update_active or other.name in tried,
+                inflight=other.requests_in_flight,
+                held=other.requests_held,
+                last_used=other.last_activity,
                 footprint_bytes=other.footprint.bytes,
             )
 
@@ -368,7 +362,7 @@ class Arbiter:
             device = reading.devices[index] if reading.available and index < len(reading.devices) else None
             gpus[str(index)] = {
                 "engines": [engine.name for engine in on_it],
-                "awake": [engine.name for engine in on_it if engine.coordinator.state not in _NOT_AWAKE],
+                "awake": [engine.name for engine in on_it if engine.state not in _NOT_AWAKE],
                 "used_bytes": device.used_bytes if device else None,
                 "total_bytes": device.total_bytes if device else None,
                 "free_bytes": device.total_bytes - device.used_bytes if device else None,
@@ -391,32 +385,25 @@ class Arbiter:
                 for t in self._turns
             ],
             "swap_quantum_s": self._settings.swap_quantum_s,
-            "waiting": {name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.gate.held},
+            "waiting": {
+                name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.requests_held
+            },
         }
 
     def _waiting(self, engine: Engine, now: float) -> dict[str, Any]:
         """An engine's held requests, and what the swap that would serve them waits for now."""
-        oldest = engine.gate.oldest_held_since
+        oldest = engine.oldest_held_since
         wait = self._waits.get(engine.name)
         return {
-            "requests": engine.gate.held,
+            "requests": engine.requests_held,
             "oldest_wait_s": round(now - oldest, 3) if oldest is not None else None,
             "swap_waits_for": wait.what if wait is not None else None,
             "turn_left_s": round(max(wait.until - now, 0.0), 3) if wait is not None and wait.until else None,
         }
 
 
-def _residency(coordinator: LifecycleCoordinator) -> Residency:
-    view = coordinator.record.view()
-    verifier = coordinator.verifier
-    # A sleep known from vLLM's gauge alone is unconfirmed too; only a reading that shows the awake footprint
-    # still there says it kept its memory (else every engine found asleep at the proxy's start would).
-    kept = (
-        view.sleep_unconfirmed
-        and verifier.last_memory is not None
-        and verifier.memory_freed(verifier.last_memory) is False
-    )
-    return residency(coordinator.state, view.asleep_tags, unconfirmed=kept)
+def _residency(engine: Engine) -> Residency:
+    return residency(engine.state, engine.view().asleep_tags, unconfirmed=engine.asleep_holding_memory)
 
 
 def _used_on(reading: GpuReading, gpus: tuple[int, ...]) -> int:

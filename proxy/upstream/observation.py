@@ -1,6 +1,6 @@
 """`Observation`: what vLLM's flags, sleep-state gauge and elastic-EP gate said in one round, and the gauge's parser.
 
-Sans-IO: the HTTP client (control_client.py) reads these; the record (lifecycle/record.py) and the verifier
+Sans-IO: the HTTP client (vllm_client.py) reads these; the record (lifecycle/record.py) and the verifier
 decide what they mean without importing any HTTP library.
 """
 

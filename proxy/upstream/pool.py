@@ -18,8 +18,8 @@ from typing import Protocol, cast
 
 import httptools
 
-from ..errors import transport_failure
 from ..tasks import Tasks
+from .failures import transport_failure
 
 #: Connects at once by default: half the listen backlog vLLM's uvicorn asks for (2,048). The bound is what a burst of
 #: new streams waits on (docs/performance.md, "What the code relies on", has the figure); the kernel caps every listen

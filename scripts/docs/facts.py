@@ -157,9 +157,9 @@ def reasons() -> dict[str, int]:
 @cache
 def own_routes() -> tuple[str, ...]:
     """The paths the proxy answers itself (besides the lifecycle calls and, with several engines, /v1/models)."""
-    from proxy.front import answers, status_page
+    from proxy.front import own_answers, status_page
 
-    return (*answers._OWN, status_page.PAGE_PATH)
+    return (*own_answers._OWN, status_page.PAGE_PATH)
 
 
 @cache

@@ -2,7 +2,7 @@
 
 * settings.md and config.schema.json from `proxy.config.Settings` (each field's type, default, bounds and
   description; the environment format from its type; the `serve` flag from `proxy.cli.build_parser`);
-* routes.md from the proxy's own routes (`proxy.front.answers`, the status page) and the route table
+* routes.md from the proxy's own routes (`proxy.front.own_answers`, the status page) and the route table
   (`proxy.front.route_table`);
 * headers.md from `proxy.front.wire.LIFEGUARD_HEADERS`;
 * errors.md from the error classes of `proxy.errors` (reason, status, Retry-After, docstring, `advice`);
@@ -202,7 +202,7 @@ def settings_md() -> str:
         f"* `{sources.CONFIG_VARIABLE}`, the YAML file; `{sources.REMOVED_VARIABLE}`, a removed setting (`raw` is "
         "accepted and ignored, anything else refused, as in the file);",
         f"* the ones this repository's own scripts, tests and CI read, so that a proxy they start in their "
-        f"environment starts: {tools}, and {prefixes} (`tests/unit/test_settings_sources.py` fails on one they "
+        f"environment starts: {tools}, and {prefixes} (`tests/unit/config/test_settings_sources.py` fails on one they "
         "read that is not listed here);",
         "* Kubernetes' service links for a Service named `lifeguard` (`LIFEGUARD_SERVICE_HOST`, "
         "`LIFEGUARD_SERVICE_PORT*`, `LIFEGUARD_PORT_<port>_TCP*`). Such a Service also sets `LIFEGUARD_PORT` to "
@@ -235,7 +235,7 @@ def methods(entry: Iterable[str]) -> str:
 
 
 def routes_md() -> str:
-    from proxy.front import answers, routing, status_page
+    from proxy.front import own_answers, routing, status_page
     from proxy.front.route_table import (
         CONFIGURABLE_KINDS,
         FRAMEWORK_ROUTES,
@@ -246,9 +246,9 @@ def routes_md() -> str:
     )
 
     own: list[tuple[str, str, str]] = [
-        (path, "GET, HEAD", first_paragraph(handler.__doc__)) for path, handler in answers._OWN.items()
+        (path, "GET, HEAD", first_paragraph(handler.__doc__)) for path, handler in own_answers._OWN.items()
     ]
-    own.append((status_page.PAGE_PATH, "GET, HEAD, POST", first_paragraph(answers._status_page.__doc__)))
+    own.append((status_page.PAGE_PATH, "GET, HEAD, POST", first_paragraph(own_answers._status_page.__doc__)))
     out = [
         "# Routes",
         "",
@@ -264,7 +264,7 @@ def routes_md() -> str:
         "|---|---|---|",
     ]
     out += [f"| `{path}` | {verbs} | {text} |" for path, verbs, text in own]
-    out.append(f"| `/v1/models` (several engines) | GET, HEAD | {first_paragraph(answers._models.__doc__)} |")
+    out.append(f"| `/v1/models` (several engines) | GET, HEAD | {first_paragraph(own_answers._models.__doc__)} |")
     out += [
         "",
         "## Where a request goes",

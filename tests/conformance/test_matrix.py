@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from proxy.check.client import Http
-from proxy.check.engine import Column
+from proxy.check.column import Column
 from proxy.check.matrix import ROWS, Row
 from proxy.check.run import load_adapters, run_row
 from proxy.check.scenarios import RED, SKIP

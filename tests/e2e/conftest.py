@@ -22,7 +22,7 @@ from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.app import Lifeguard
 from proxy.config import Settings
-from proxy.engine import Engine as GuardedEngine
+from proxy.lifecycle.engine import Engine as GuardedEngine
 from tests.chaos import chaos_checks, sim_process
 from tests.lifeguard_testing import LifeguardServer, ServeLifeguard
 

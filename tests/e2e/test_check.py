@@ -20,7 +20,7 @@ from lifeguard_sim.app import SIM_ENGINE, SimSettings, create_sim_app
 from lifeguard_sim.engine import Engine
 from proxy.check.cli import main as check_main
 from proxy.check.client import Http
-from proxy.check.engine import Column, eventually
+from proxy.check.column import Column, eventually
 from proxy.check.html import to_html
 from proxy.check.report import document, schema, to_markdown
 from proxy.check.run import Options, Report, check

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.front import exchange, held
-from proxy.front.answers import _OWN
-from proxy.front.front import Front
+from proxy.front.dispatcher import Front
+from proxy.front.own_answers import _OWN
 from tests.e2e.conftest import Stack, raw_exchange, status_of
 
 COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 2}

@@ -1,5 +1,5 @@
-"""The front (proxy/front/front.py) at the byte level: what it forwards, what it answers itself, and what it refuses
-before anything reaches vLLM (request smuggling)."""
+"""The front (proxy/front/connection.py) at the byte level: what it forwards, what it answers itself, and what it
+refuses before anything reaches vLLM (request smuggling)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.app import Lifeguard
 from proxy.config import Settings
-from proxy.front.front import Front
+from proxy.front.dispatcher import Front
 from tests.e2e.conftest import Stack, lifeguard_of, raw_exchange, status_of
 from tests.lifeguard_testing import listen_drops
 

@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from lifeguard_sim.engine import Engine
-from proxy.lifecycle.calls import LifecycleCall
 from proxy.lifecycle.outcome import Outcome
+from proxy.lifecycle.parsed_calls import LifecycleCall
 from tests.e2e.conftest import GIB, MEDIUM, EnginesStack, held_until
 
 MakeEngines = Callable[..., Awaitable[EnginesStack]]

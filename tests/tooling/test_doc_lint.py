@@ -372,7 +372,10 @@ def test_the_docs_name_only_what_the_code_has() -> None:
         ("`make gpu-check`", "make target gpu-check has no rule"),
         ("then `POST /sleep_now`", "route POST /sleep_now is in no route table"),
         ("`LIFEGUARD_NOPE_S`", "environment variable LIFEGUARD_NOPE_S is read nowhere"),
-        ("tests/unit/test_gate.py::test_nope", "test tests/unit/test_gate.py::test_nope does not exist"),
+        (
+            "tests/unit/lifecycle/test_gate.py::test_nope",
+            "test tests/unit/lifecycle/test_gate.py::test_nope does not exist",
+        ),
         ("`benchmarks/nope.py`", "file benchmarks/nope.py does not exist"),
         ("`python -m benchmarks.run --nope`", "flag --nope of benchmarks.run does not exist"),
     ],

@@ -36,3 +36,10 @@ def test_no_test_loads_code_by_path() -> None:
         if BY_PATH.search(line)
     ]
     assert not found, "code loaded by path; import it by its module name (tests/README.md):\n" + "\n".join(found)
+
+
+def test_the_unit_tests_stand_in_the_folders_of_the_code() -> None:
+    """tests/unit/ mirrors proxy/: a folder of unit tests is named for the folder of proxy/ whose modules it tests."""
+    code = {path.name for path in (ROOT / "proxy").iterdir() if (path / "__init__.py").exists()}
+    unit = {path.name for path in (TESTS / "unit").iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert unit <= code, f"folders of tests/unit/ with no folder of proxy/ to mirror: {sorted(unit - code)}"

@@ -16,11 +16,11 @@ from proxy.errors import (
     HoldTimeout,
     LifeguardError,
     UpstreamRejected,
-    transport_failure,
 )
 from proxy.front.wire import error_bytes
-from proxy.lifecycle.verifier import CheckName, CheckResult
+from proxy.lifecycle.verdict import CheckName, CheckResult
 from proxy.observe.metrics import CHECK_RESULTS, CHECKS, HOLD_OUTCOMES
+from proxy.upstream.failures import transport_failure
 
 
 def _tree(cls: type[LifeguardError]) -> list[type[LifeguardError]]:

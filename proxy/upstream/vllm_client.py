@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ..errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable, transport_failure
+from ..errors import UpstreamBadStatus, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable
 from .elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
+from .failures import transport_failure
 from .observation import Observation, parse_sleep_state
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.lifecycle.persisted_facts import PersistedFacts
 from proxy.lifecycle.rules import Staleness
-from proxy.lifecycle.state_file import UNREADABLE, PersistedFacts, StateFile
+from proxy.lifecycle.state_file import UNREADABLE, StateFile
 
 
 def test_a_saved_state_file_reads_back_as_it_was(tmp_path: Path) -> None:

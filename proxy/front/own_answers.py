@@ -12,15 +12,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..engine import Engine
-from ..errors import LifeguardError, MethodNotAllowed, NotFound, NotServing
-from ..lifecycle.calls import parse_call
+from ..errors import MethodNotAllowed, NotFound, NotServing
+from ..lifecycle.engine import Engine
 from ..lifecycle.outcome import Outcome
 from ..lifecycle.states import State
 from . import status_page
 from .admin import check_reader, token_bytes
 from .engine_set import EngineSet
-from .readiness import SERVING, engine_refusal, engines_answer
+from .readiness import SERVING, engines_answer
 from .request_reader import ParsedRequest
 from .routing import Route
 from .wire import Answer, json_answer
@@ -30,12 +29,7 @@ OwnRoute = Callable[[EngineSet, Engine | None, ParsedRequest], Awaitable[Answer]
 
 async def lifecycle(engine: Engine, op: str, query: str, body: bytes) -> Answer:
     """A lifecycle call, run by `engine`'s coordinator: vLLM's reply (or ours) with what was decided."""
-    try:
-        call = parse_call(op, parse_qsl(query, keep_blank_values=True), body)
-    except LifeguardError:
-        engine.metrics.operation_finished(op, "invalid", 0.0)
-        raise
-    return outcome_answer(await engine.coordinator.submit(call))
+    return outcome_answer(await engine.run_call(op, parse_qsl(query, keep_blank_values=True), body))
 
 
 def outcome_answer(outcome: Outcome) -> Answer:
@@ -112,7 +106,7 @@ async def _readyz(engine_set: EngineSet, engine: Engine | None, request: ParsedR
     ready = any(value not in (State.FAILED.value, State.STARTING.value, "closed") for value in states.values())
     body: dict[str, Any] = {"ready": ready, "engines": states}
     if len(engines) == 1:
-        view = engines[0].coordinator.record.view()
+        view = engines[0].view()
         body["state"] = view.state.value
         if not ready and view.reason is not None:  # FAILED's cause, or vLLM not reached yet: as the log says it
             body["reason"] = view.reason
@@ -123,7 +117,7 @@ async def _serving(engine_set: EngineSet, engine: Engine | None, request: Parsed
     """200 while an inference request sent now would be forwarded at once (proxy/front/readiness.py); at the top level,
     while any engine's would."""
     engines = [engine] if engine is not None else list(engine_set.engines.values())
-    refusals = {one.name: engine_refusal(one.coordinator, one.gate, one.settings) for one in engines}
+    refusals = {one.name: one.serving_refusal() for one in engines}
     if len(engines) == 1:
         refusal = refusals[engines[0].name]
         if refusal is not None:

@@ -11,7 +11,7 @@ from proxy.config import EngineSettings, Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.front import model_directory
 from proxy.front.model_directory import ModelDirectory
-from proxy.upstream.control_client import Reply
+from proxy.upstream.vllm_client import Reply
 
 
 class StandIn:
@@ -32,7 +32,7 @@ class StandIn:
 
 
 class Guarded:
-    """What the directory reads of an engine (proxy/engine.py): its settings, configuration and client."""
+    """What the directory reads of an engine (proxy/lifecycle/engine.py): its settings, configuration and client."""
 
     def __init__(self, settings: Settings, config: EngineSettings, client: StandIn) -> None:
         self.settings, self.config, self.client = settings, config, client

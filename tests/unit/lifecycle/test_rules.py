@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.errors import BadParameter
-from proxy.lifecycle.calls import LifecycleCall, parse_call
+from proxy.lifecycle.parsed_calls import LifecycleCall, parse_call
 from proxy.lifecycle.rules import Admission, Defer, EngineView, Noop, Refuse, Run, Staleness, admission, judge
 from proxy.lifecycle.states import State
 

@@ -1,10 +1,11 @@
-"""The front: the proxy's one listening socket, served by an `asyncio.Protocol` with llhttp (httptools).
+"""A client connection of the front: an `asyncio.Protocol` reading each request once with llhttp (httptools).
 
-Each request is read once; its head decides where it goes (routing.py); once its whole body is in it becomes one
-exchange (exchange.py): forwarded, held (held.py) or answered by the proxy (answers.py). One keep-alive
-connection may mix them all; pipelined requests are answered in order. What the front refuses itself (smuggling,
-oversized heads and bodies, slow bodies, ambiguous targets, unknown engines, a missing token) is answered in the one
-error format (wire.py). Every callback catches what it did not expect (boundary.py).
+Each request is read once; its head decides where it goes (routing.py); once its whole body is in, the dispatcher
+(dispatcher.py) makes it one exchange (exchange.py): forwarded, held (held.py) or answered by the proxy
+(own_answers.py). One keep-alive connection may mix them all; pipelined requests are answered in order. What the
+front refuses itself (smuggling, oversized heads and bodies, slow bodies, ambiguous targets, unknown engines, a
+missing token) is answered in the one error format (wire.py). Every callback catches what it did not expect
+(boundary.py).
 """
 
 from __future__ import annotations
@@ -12,154 +13,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from ..engine import Engine
-from ..errors import BodyTimeout, BodyTooLarge, LifeguardError, ModelNotFound
-from ..lifecycle.prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
-from ..lifecycle.rules import control_refusal
-from ..lifecycle.weight_checksums import resets_weights
-from ..observe.metrics import INFERENCE_OUTCOMES
+from ..errors import BodyTimeout, BodyTooLarge, LifeguardError
+from ..lifecycle.engine import Engine
 from ..upstream.refusals import Refusal
 from .admin import admin_carrier
-from .answered import Answered, SerializedForward
-from .answers import lifecycle, own
 from .boundary import caught
-from .engine_set import EngineSet
-from .exchange import Exchange, Forward
-from .held import HeldExchange, not_forwarded
+from .exchange import Exchange
+from .held import HeldExchange
 from .request_reader import ParsedRequest, RequestReader
-from .route_table import RouteKind
-from .routing import GUARDED, Route, model_of
+from .routing import GUARDED
 from .wire import error_bytes
+
+if TYPE_CHECKING:
+    from .dispatcher import Front
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_S = 2.0
 _NOT_PAUSED: frozenset[str] = frozenset()
-
-
-class Front:
-    """What every client connection of one proxy shares, and the connections themselves."""
-
-    def __init__(self, engine_set: EngineSet) -> None:
-        self.engine_set = engine_set
-        self.settings = engine_set.settings
-        self.router = engine_set.router
-        token = engine_set.settings.admin_token
-        self.admin_token = token.get_secret_value().encode() if token is not None else None
-        self.connections: set[FrontConnection] = set()
-        self.active = 0
-        self._drained: asyncio.Future[None] | None = None
-
-    def protocol(self) -> FrontConnection:
-        return FrontConnection(self)
-
-    def exchange_for(self, client: FrontConnection, request: ParsedRequest) -> Exchange:
-        """The exchange that answers `request` (its body whole); raises the LifeguardError to answer instead."""
-        route = request.route
-        assert route is not None
-        engine_set = self.engine_set
-        if route.kind is None:
-            return Answered(client, request, own(engine_set, route, request), tasks=engine_set.tasks,
-                            count=engine_set.metrics.proxy_error)  # fmt: skip
-        if route.engine is not None:
-            return self.for_engine(client, request, route, route.engine)
-        model = model_of(request.whole_body()) if route.by_model else None
-        if model is None:
-            raise self.router.not_chosen(route)
-        name = engine_set.directory.known(model)
-        if name is None:
-            return Answered(client, request, self._discovered(client, request, route, model), tasks=engine_set.tasks,
-                            count=engine_set.metrics.proxy_error)  # fmt: skip
-        return self.for_engine(client, request, route, engine_set.engines[name])
-
-    async def _discovered(self, client: FrontConnection, request: ParsedRequest, route: Route, model: str) -> Exchange:
-        """A model no engine was known to serve: ask the engines once more (a LoRA adapter loaded since)."""
-        name = await self.engine_set.directory.engine_for(model)
-        if name is None:
-            raise ModelNotFound(model)
-        return self.for_engine(client, request, route, self.engine_set.engines[name])
-
-    async def after_refusal(
-        self, client: FrontConnection, request: ParsedRequest, engine: Engine, refusal: Refusal
-    ) -> Exchange:
-        """A request vLLM refused for the engine's own state, once the coordinator has read and adopted that
-        state: through the gate again (forwarded, held, or refused with the reason)."""
-        await engine.coordinator.engine_refused(refusal)
-        assert request.route is not None
-        return self.for_engine(client, request, request.route, engine)
-
-    def for_engine(self, client: FrontConnection, request: ParsedRequest, route: Route, engine: Engine) -> Exchange:
-        kind = route.kind
-        if kind is RouteKind.INFERENCE:
-            ticket = engine.gate.try_admit()
-            if ticket is not None:
-                return Forward(client, request, engine, route.target, ticket=ticket,
-                               stale=engine.coordinator.weights_stale)  # fmt: skip
-            return HeldExchange(client, request, engine, route.target)
-        if route.op is not None:
-            metrics = engine.metrics
-            return Answered(
-                client,
-                request,
-                lifecycle(engine, route.op, route.query, request.whole_body()),
-                tasks=self.engine_set.tasks,
-                count=metrics.proxy_error,
-                on_end=lambda seconds: metrics.request_duration("lifecycle", seconds),
-            )
-        if kind is RouteKind.SERIALIZED:
-            adapter = reloaded_adapter(request.whole_body()) if route.path == LORA_LOAD_PATH else None
-            on_answer = engine.coordinator.adapter_reload_answered(adapter) if adapter is not None else None
-            zeroes = resets_weights(route.path, request.whole_body())
-            tasks = self.engine_set.tasks
-            return SerializedForward(client, request, engine, route.target, drop=request.drop, tasks=tasks,
-                                     on_answer=on_answer, zeroes_weights=zeroes)  # fmt: skip
-        if kind is RouteKind.AT_ONCE:
-            if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
-                raise refusal
-            if route.path == RESET_PATH:
-                return Forward(client, request, engine, route.target, drop=request.drop,
-                               on_answer=engine.coordinator.client_reset_answered)  # fmt: skip
-        elif kind is RouteKind.UNKNOWN:
-            engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
-        return Forward(client, request, engine, route.target, drop=request.drop)
-
-    def refused_at_the_door(self, request: ParsedRequest, error: LifeguardError) -> None:
-        """Count a request the front answered with `error` before any exchange, where its engine is known."""
-        route = request.route
-        engine = route.engine if route is not None else None
-        if engine is None:
-            return
-        if route is not None and route.kind is RouteKind.INFERENCE:
-            outcome = error.reason if error.reason in INFERENCE_OUTCOMES else "engine_unavailable"
-            not_forwarded(engine, request, outcome)
-            return
-        if route is not None and route.op is not None:
-            outcome = "invalid" if error.status in (400, 413) else "unauthorized"
-            engine.metrics.operation_finished(route.op, outcome, 0)
-        engine.metrics.request_duration("passthrough", time.monotonic() - request.started)
-
-    def exchange_ended(self) -> None:
-        self.active -= 1
-        if self.active == 0 and self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Wait until no exchange is in progress, at most `timeout_s`; then every client connection is closed."""
-        drained = True
-        if self.active:
-            self._drained = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await self._drained
-            except TimeoutError:
-                drained = False
-        for conn in list(self.connections):
-            if drained:
-                conn.transport.close()
-            else:
-                conn.transport.abort()
-        return drained
 
 
 class FrontConnection(asyncio.Protocol):
@@ -397,11 +269,7 @@ class FrontConnection(asyncio.Protocol):
             self._active = new
 
     def back_to_the_gate(self, old: Exchange, engine: Engine, refusal: Refusal) -> None:
-        request = old.request
-        request.reholds += 1
-        engine_set = self._front.engine_set
-        again = Answered(self, request, self._front.after_refusal(self, request, engine, refusal),
-                         tasks=engine_set.tasks, count=engine.metrics.proxy_error)  # fmt: skip
+        again = self._front.after_refusal(self, old.request, engine, refusal)
         self.replace_exchange(old, again)
         again.start()
 

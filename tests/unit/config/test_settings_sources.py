@@ -13,7 +13,7 @@ from proxy.config import Settings, SettingsError, load_settings
 from proxy.config.sources import TOOL_PREFIXES, TOOL_VARIABLES, _unknown
 from proxy.config.urls import url_shown
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: Where a tool of the repository reads a variable: a shell expansion, an assignment at the start of a line of a
 #: script, env file or Dockerfile, or Python's os.environ / getenv.
 SHELL_READS = re.compile(r"(?:\$\{?|^\s*(?:export\s+|ENV\s+)?)(LIFEGUARD_[A-Z0-9_]+)(?=[}\"'=:\s-]|$)", re.M)

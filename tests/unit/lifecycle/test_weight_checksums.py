@@ -12,9 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
+from proxy.lifecycle.persisted_facts import PersistedFacts
 from proxy.lifecycle.record import EngineRecord
 from proxy.lifecycle.rules import Admission, Staleness, admission, serving_refusal
-from proxy.lifecycle.state_file import PersistedFacts, StateFile
+from proxy.lifecycle.state_file import StateFile
 from proxy.lifecycle.states import State
 from proxy.lifecycle.weight_checksums import (
     WeightChecksums,
@@ -25,8 +26,8 @@ from proxy.lifecycle.weight_checksums import (
     resets_weights,
 )
 from proxy.observe.metrics import Metrics
-from proxy.upstream.control_client import VllmClient
 from proxy.upstream.observation import Observation
+from proxy.upstream.vllm_client import VllmClient
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 REFUSED = Observation(reachable=False, error="connection refused")

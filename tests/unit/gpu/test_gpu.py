@@ -340,8 +340,9 @@ async def test_a_lying_sleep_of_one_engine_is_caught_while_its_neighbour_frees_m
     """Device totals cannot tell them apart: the device drops by the honest engine's 48 GiB, which is more than
     half of the liar's own 50 GiB, so a device-level check would pass the liar's sleep too."""
     from proxy.config import Settings
-    from proxy.lifecycle.verifier import CheckResult, Expectation, MemoryChange, Verifier
-    from tests.unit.test_verifier import ASLEEP, FakeClient
+    from proxy.lifecycle.verdict import CheckResult
+    from proxy.lifecycle.verifier import Expectation, MemoryChange, Verifier
+    from tests.unit.lifecycle.test_verifier import ASLEEP, FakeClient
 
     per_process[0] = [(101, 50 * GIB), (201, 50 * GIB)]
     settings = Settings(upstream="http://127.0.0.1:1", verify_timeout_s=0.05, verify_poll_interval_s=0.01)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.lifecycle.calls import parse_call
+from proxy.lifecycle.parsed_calls import parse_call
 from proxy.lifecycle.record import EngineRecord, FailureKind
 from proxy.lifecycle.rules import Admission, Refuse, admission, control_refusal, judge, unavailable
 from proxy.lifecycle.states import State

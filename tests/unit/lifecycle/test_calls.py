@@ -3,7 +3,7 @@
 import pytest
 
 from proxy.errors import BadParameter
-from proxy.lifecycle.calls import parse_call
+from proxy.lifecycle.parsed_calls import parse_call
 
 
 @pytest.mark.parametrize(

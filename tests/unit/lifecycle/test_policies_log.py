@@ -12,7 +12,7 @@ import pytest
 
 from proxy.errors import EngineAsleep, WeightsAsleep
 from proxy.lifecycle import policies
-from proxy.lifecycle.calls import LifecycleCall
+from proxy.lifecycle.parsed_calls import LifecycleCall
 from proxy.lifecycle.policies import Policies
 
 

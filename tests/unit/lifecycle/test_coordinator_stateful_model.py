@@ -33,18 +33,17 @@ from lifeguard_sim.errors import EngineGone, EngineHTTPError
 from lifeguard_sim.settings import SimSettings
 from proxy.config import Settings
 from proxy.errors import LifeguardError, UpstreamUnreachable
-from proxy.front.readiness import engine_refusal
 from proxy.front.route_table import LIFECYCLE_PATHS
 from proxy.gpu.readers import DeviceMemory, GpuReading
-from proxy.lifecycle.calls import LifecycleCall, parse_call
 from proxy.lifecycle.coordinator import LifecycleCoordinator
 from proxy.lifecycle.gate import RequestGate
 from proxy.lifecycle.outcome import Outcome
-from proxy.lifecycle.rules import Admission
+from proxy.lifecycle.parsed_calls import LifecycleCall, parse_call
+from proxy.lifecycle.rules import Admission, serving_refusal
 from proxy.lifecycle.states import SETTLED, TRANSITIONS, State
 from proxy.lifecycle.verifier import Verifier
 from proxy.observe.metrics import Metrics
-from proxy.upstream.control_client import Reply, VllmClient
+from proxy.upstream.vllm_client import Reply, VllmClient
 
 MEMORY = frozenset({"weights", "kv_cache"})
 FAULTABLE = ("sleep", "wake_up", "pause", "resume", "start_weight_update", "finish_weight_update")
@@ -351,7 +350,12 @@ class CoordinatorModel(RuleBasedStateMachine):
     def serving_is_what_the_gate_forwards_at_once(self) -> None:
         """`/lifeguard/serving` after every step: 200 exactly when a request now is forwarded at once, and only
         with every tag awake (a router that follows it never sends inference to a sleeping engine)."""
-        refusal = engine_refusal(self.coordinator, self.gate, self.settings)
+        refusal = serving_refusal(  # as Engine.serving_refusal asks it
+            self.coordinator.record.view(),
+            on_sleeping=self.settings.on_sleeping,
+            hold_while_restarted=self.settings.hold_while_weights_stale,
+            closed=self.gate.closed,
+        )
         ticket = self.gate.try_admit()
         if ticket is not None:
             ticket.done()

@@ -14,9 +14,10 @@ import pytest
 
 from proxy.config import Settings
 from proxy.gpu.readers import GpuReading
-from proxy.lifecycle.verifier import AdapterMark, CanaryAnswer, Expectation, Verdict, Verifier, listed_adapters
-from proxy.upstream.control_client import Reply, VllmClient
+from proxy.lifecycle.verdict import Verdict
+from proxy.lifecycle.verifier import AdapterMark, CanaryAnswer, Expectation, Verifier, listed_adapters
 from proxy.upstream.observation import Observation
+from proxy.upstream.vllm_client import Reply, VllmClient
 
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)
 FULL_WAKE = Expectation(sleeping=False, paused=False, canary=True)

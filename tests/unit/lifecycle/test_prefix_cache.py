@@ -9,8 +9,9 @@ import json
 import pytest
 
 from lifeguard_sim.prefix_cache import PrefixCache, salt_problem
+from proxy.lifecycle.persisted_facts import PersistedFacts
 from proxy.lifecycle.prefix_cache import Partition, reset_result, salted
-from proxy.lifecycle.state_file import PersistedFacts, StateFile
+from proxy.lifecycle.state_file import StateFile
 
 SALT = Partition.after("test").salt
 

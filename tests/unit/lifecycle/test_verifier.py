@@ -16,9 +16,10 @@ from proxy.config import Settings
 from proxy.errors import UpstreamUnreachable
 from proxy.gpu.footprint import Footprint
 from proxy.gpu.readers import DeviceMemory, GpuReading
-from proxy.lifecycle.verifier import Expectation, MemoryChange, Verdict, Verifier
-from proxy.upstream.control_client import Reply, VllmClient
+from proxy.lifecycle.verdict import Verdict
+from proxy.lifecycle.verifier import Expectation, MemoryChange, Verifier
 from proxy.upstream.observation import Observation
+from proxy.upstream.vllm_client import Reply, VllmClient
 
 GIB = 1 << 30
 AWAKE = Observation(reachable=True, healthy=True, sleeping=False, paused=False)

@@ -13,8 +13,8 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from proxy.upstream.control_client import Reply, VllmClient
 from proxy.upstream.elastic_ep import ElasticStatus, ElasticVerdict, gate_message, parse_status
+from proxy.upstream.vllm_client import Reply, VllmClient
 
 SCALING_BODY = b'{"error":"The model is currently scaling. Please try again later."}'
 RETIRED_BODY = b'{"error":"This data-parallel rank has been retired and is awaiting shutdown."}'

@@ -8,9 +8,9 @@ from typing import Any, cast
 
 import pytest
 
-from proxy.engine import Engine
 from proxy.front.exchange import Exchange, Forward
 from proxy.front.request_reader import ParsedRequest
+from proxy.lifecycle.engine import Engine
 from proxy.lifecycle.gate import Ticket
 from proxy.upstream.pool import UpstreamConnection, UpstreamPool
 
