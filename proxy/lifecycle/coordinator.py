@@ -24,6 +24,7 @@ from ..upstream.control_client import VllmClient
 from ..upstream.observation import LateReads, Observation
 from ..upstream.refusals import Refusal
 from .calls import LifecycleCall
+from .checkpoint_operations import CheckpointOperations
 from .engine_calls import EngineCalls
 from .gate import RequestGate
 from .inflight import InFlightRequests
@@ -31,6 +32,7 @@ from .outcome import Outcome, answered_by_us, from_vllm
 from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .record import EngineRecord, FailureKind
 from .rules import (
+    CHECKPOINT_OPERATIONS,
     WEIGHTLESS,
     Admission,
     Defer,
@@ -109,6 +111,9 @@ class LifecycleCoordinator:
             self._write_ahead,
             self.checksums,
             self.end_forwarded_requests,
+        )
+        self._checkpoint = CheckpointOperations(
+            settings, client, self.record, self._calls, verifier, self.checksums, metrics, self._sleep._lie
         )
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
@@ -309,6 +314,8 @@ class LifecycleCoordinator:
             return await self._sleep.run_worker_rpc(call)
         if call.op in WEIGHT_OPERATIONS:
             return from_vllm(await self._weights.run(call), None)
+        if call.op in CHECKPOINT_OPERATIONS:
+            return await self._checkpoint.run(call)
         return await self._sleep.run(call)
 
     async def exclusive(

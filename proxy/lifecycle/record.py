@@ -39,6 +39,7 @@ _SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
     State.SLEEPING: lambda lifecycle: lifecycle.settle_sleeping(),
     State.UPDATING_WEIGHTS: lambda lifecycle: lifecycle.settle_updating(),
     State.SCALING: lambda lifecycle: lifecycle.settle_scaling(),
+    State.CHECKPOINTED: lambda lifecycle: lifecycle.settle_checkpointed(),
 }
 
 
@@ -335,6 +336,9 @@ class EngineRecord:
         if not obs.reachable or not obs.healthy:
             self.set_failed(FailureKind.UNREACHABLE, message or obs.error or "/health is not 200")
             return
+        if obs.checkpoint not in (None, "running"):
+            self._adopt_checkpoint(obs)
+            return
         if obs.sleeping is False and not obs.paused:
             self._set(asleep_tags=frozenset(), sleep_level=None, user_pause=None)
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
@@ -367,6 +371,14 @@ class EngineRecord:
                 self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
                 self.discarded()
             self.settle(State.SLEEPING)
+
+    def _adopt_checkpoint(self, obs: Observation) -> None:
+        """vLLM 0.34's `/checkpoint/status` says a process checkpoint is under way, done, or failed (nothing but a
+        restart of vLLM leaves FAILED there)."""
+        if obs.checkpoint == "failed":
+            self.set_failed(FailureKind.CHECKPOINT, f"vLLM's process checkpoint failed: {obs.checkpoint_error}")
+        else:
+            self.settle(State.CHECKPOINTED)
 
     def _adopt_elastic(self, status: ElasticStatus) -> None:
         """vLLM's elastic-EP gate answered instead of its flags; `status` is what /is_scaling_elastic_ep said."""
@@ -440,7 +452,10 @@ class EngineRecord:
         seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
         # The flags cannot tell a sleep from a pause; vLLM's sleep-state gauge can, one way round.
         slept_while_paused = state is State.PAUSED and _gauge_sleep_level(obs, memory_freed) is not None
-        if seen != expected or slept_while_paused:
+        checkpoint_moved = obs.checkpoint is not None and (
+            (obs.checkpoint != "running") != (state is State.CHECKPOINTED) or obs.checkpoint == "failed"
+        )
+        if seen != expected or slept_while_paused or checkpoint_moved:
             before = state.value
             if state is State.SLEEPING and seen == (False, False):
                 # Awake with no wake of ours: a wake behind our back, or a restart between two rounds (its fresh

@@ -76,7 +76,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
 ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough")
 
 #: Verification checks run after a lifecycle 200, and their results.
-CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora", "weights")
+CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora", "weights", "checkpoint", "snapshot")
 CHECK_RESULTS: tuple[str, ...] = ("pass", "fail", "unavailable")
 
 #: Operating policies that can act on their own.
