@@ -46,6 +46,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
+from .stall import StallWatch
 from .state_file import PersistedFacts, StateFile
 from .states import State
 from .verifier import Verifier
@@ -115,6 +116,7 @@ class LifecycleCoordinator:
         self._checkpoint = CheckpointOperations(
             settings, client, self.record, self._calls, verifier, self.checksums, metrics, self._sleep._lie
         )
+        self._stall = StallWatch(settings.stall_after_s, self.inflight, self.record, metrics)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
         previous = self._state_file.load()
@@ -374,6 +376,7 @@ class LifecycleCoordinator:
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
         """Compare vLLM's flags with ours while nothing is in flight; adopt what is observed."""
+        self._stall.look()
         if self._lock.locked():
             return
         async with self._lock:

@@ -161,6 +161,17 @@ class EngineRecord:
         return self._facts.swapping_out_for
 
     # ----- facts the coordinator establishes
+    @property
+    def stalled_for(self) -> float | None:
+        return self._facts.stalled_for
+
+    def stall_seen(self, seconds: float | None) -> None:
+        """lifecycle/stall.py's round: seconds without a byte from vLLM while requests are in flight, or None."""
+        if (seconds is None) != (self._facts.stalled_for is None):
+            self._set(stalled_for=seconds)
+        else:
+            self._facts = replace(self._facts, stalled_for=seconds)  # the same verdict: no view change
+
     def swap_out(self, for_engine: str | None) -> None:
         """Drained for another engine's turn (new requests held), or (None) no longer."""
         if self._facts.swapping_out_for != for_engine:

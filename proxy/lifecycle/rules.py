@@ -97,6 +97,8 @@ class EngineView:
     # reached, and how (lifecycle/reachability.py).
     failure: FailureKind | None = None
     reason: str | None = None
+    # Seconds with requests in flight and no byte from vLLM, once past `stall_after_s` (lifecycle/stall.py).
+    stalled_for: float | None = None
 
 
 @dataclass(frozen=True)
@@ -384,6 +386,7 @@ NOT_SERVING_CAUSES = (
     "swapping_out",
     "scaling",
     "checkpoint",
+    "stalled",
 )
 
 _NOT_SERVING_IN: dict[State, tuple[str, str]] = {
@@ -416,6 +419,9 @@ def serving_refusal(
     if closed:
         return NotServing("the proxy is shutting down; inference is refused", state=state.value, cause="shutting_down")
     if admission(view, on_sleeping=on_sleeping, hold_while_restarted=hold_while_restarted) is Admission.FORWARD:
+        if view.stalled_for is not None:  # forwarded, but nothing comes back: routers send elsewhere
+            why = f"requests are in flight and vLLM has sent no byte for {view.stalled_for:.0f} s; it may be stalled"
+            return NotServing(why, state=state.value, cause="stalled")
         return None
     if state is State.SLEEPING:
         level = "its KV cache released" if view.sleep_level is None else f"level {view.sleep_level}"
