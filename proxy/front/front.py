@@ -16,6 +16,7 @@ from typing import cast
 
 from ..engine import Engine
 from ..errors import BodyTimeout, BodyTooLarge, LifeguardError, ModelNotFound
+from ..lifecycle.offload_tier import emptying_both_tiers
 from ..lifecycle.prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
 from ..lifecycle.rules import control_refusal
 from ..lifecycle.weight_checksums import resets_weights
@@ -118,7 +119,9 @@ class Front:
             if (refusal := control_refusal(engine.coordinator.record.view())) is not None:
                 raise refusal
             if route.path == RESET_PATH:
-                return Forward(client, request, engine, route.target, drop=request.drop,
+                target = route.target if engine.coordinator.record.prefix_partition is None else \
+                    emptying_both_tiers(route.target)  # fmt: skip
+                return Forward(client, request, engine, target, drop=request.drop,
                                on_answer=engine.coordinator.client_reset_answered)  # fmt: skip
         elif kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)

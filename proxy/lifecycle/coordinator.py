@@ -28,6 +28,7 @@ from .checkpoint_operations import CheckpointOperations
 from .engine_calls import EngineCalls
 from .gate import RequestGate
 from .inflight import InFlightRequests
+from .offload_tier import RESET_EXTERNAL, keeps_tier
 from .outcome import Outcome, answered_by_us, from_vllm
 from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .record import EngineRecord, FailureKind
@@ -251,6 +252,8 @@ class LifecycleCoordinator:
         try:
             partition = self.record.prefix_partition
             outcome = await self._execute(call)
+            if keeps_tier(call):
+                self.record.offload_tier_kept = True
             if self.record.prefix_partition is not partition or call.op == "resume":
                 await self._clear_prefix_cache()
             return outcome
@@ -416,12 +419,15 @@ class LifecycleCoordinator:
         if self.record.prefix_partition is None or self.state in (State.STARTING, State.FAILED):
             return
         try:
-            reply = await self._client.call("POST", RESET_PATH)
+            reply = await self._client.call("POST", RESET_PATH, query=[RESET_EXTERNAL])  # the offload tier too
         except UpstreamError as exc:
             log.warning("the prefix cache could not be reset: %s", exc.message, extra={"event": "prefix_reset_failed"})
             self._metrics.prefix_reset("proxy", "unknown")
             return
-        self._reset_answered("proxy", reset_result(reply.status, reply.body))
+        result = reset_result(reply.status, reply.body)
+        self._reset_answered("proxy", result)
+        if result:
+            self.record.offload_tier_kept = False
 
     def client_reset_answered(self, status: int, body: bytes) -> bytes:
         """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the

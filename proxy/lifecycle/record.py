@@ -86,6 +86,8 @@ class EngineRecord:
         self.elastic: ElasticStatus | None = None
         # vLLM's prefix cache may hold blocks computed by older weights: admitted inference carries its salt.
         self.prefix_partition: Partition | None = None
+        # A sleep or release kept the KV connector's offload tier (reset_connector=false): lifecycle/offload_tier.py.
+        self.offload_tier_kept = False
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
         self.reachability = Reachability(upstream)
@@ -547,6 +549,7 @@ class EngineRecord:
             "weights_stale": self.weights_stale is not None,
             "weights_stale_reason": self.weights_stale,
             "prefix_cache": _prefix_view(self.prefix_partition),
+            "offload_tier_kept": self.offload_tier_kept,
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
             "upstream_unreachable": self.reachability.snapshot(),
