@@ -26,6 +26,7 @@ from ..upstream.refusals import Refusal
 from .calls import LifecycleCall
 from .checkpoint_operations import CheckpointOperations
 from .engine_calls import EngineCalls
+from .fault_tolerance import FaultToleranceWatch
 from .gate import RequestGate
 from .inflight import InFlightRequests
 from .offload_tier import RESET_EXTERNAL, keeps_tier
@@ -117,6 +118,7 @@ class LifecycleCoordinator:
         self._checkpoint = CheckpointOperations(
             settings, client, self.record, self._calls, verifier, self.checksums, metrics, self._sleep._lie
         )
+        self._fault_tolerance = FaultToleranceWatch(client, self.record)
         self._stall = StallWatch(settings.stall_after_s, self.inflight, self.record, metrics)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
@@ -380,6 +382,7 @@ class LifecycleCoordinator:
     async def reconcile(self) -> None:
         """Compare vLLM's flags with ours while nothing is in flight; adopt what is observed."""
         self._stall.look()
+        await self._fault_tolerance.look()
         if self._lock.locked():
             return
         async with self._lock:

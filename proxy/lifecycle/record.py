@@ -174,6 +174,18 @@ class EngineRecord:
         else:
             self._facts = replace(self._facts, stalled_for=seconds)  # the same verdict: no view change
 
+    @property
+    def faulted(self) -> str | None:
+        return self._facts.faulted
+
+    def fault_seen(self, info: str | None) -> None:
+        """vLLM 0.34's fault tolerance says the engine is not healthy (`info`), or healthy again (None)."""
+        if info != self._facts.faulted:
+            log.warning("vLLM's fault tolerance: %s", f"the engine is not healthy ({info}); inference is held"
+                        if info is not None else "the engine is healthy again", extra={"event": "engine_faulted",
+                        "fault_info": info})  # fmt: skip
+            self._set(faulted=info)
+
     def swap_out(self, for_engine: str | None) -> None:
         """Drained for another engine's turn (new requests held), or (None) no longer."""
         if self._facts.swapping_out_for != for_engine:

@@ -99,6 +99,8 @@ class EngineView:
     reason: str | None = None
     # Seconds with requests in flight and no byte from vLLM, once past `stall_after_s` (lifecycle/stall.py).
     stalled_for: float | None = None
+    # vLLM 0.34's fault tolerance says the engine is not healthy (lifecycle/fault_tolerance.py): what it said.
+    faulted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -359,6 +361,7 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.RUNNING:
         if (
             view.swapping_out_for is not None
+            or view.faulted is not None
             or view.weights_stale in WEIGHTLESS
             or (view.weights_stale is Staleness.RESTARTED and hold_while_restarted)
         ):
@@ -387,6 +390,7 @@ NOT_SERVING_CAUSES = (
     "scaling",
     "checkpoint",
     "stalled",
+    "faulted",
 )
 
 _NOT_SERVING_IN: dict[State, tuple[str, str]] = {
@@ -430,6 +434,9 @@ def serving_refusal(
             "wake": "a request sent to it is held and wakes it",
         }.get(on_sleeping, "inference is held until a wake")
         return NotServing(f"the engine is asleep ({level}); {then}", state=state.value, cause="asleep")
+    if state is State.RUNNING and view.faulted is not None:
+        why = f"vLLM's fault tolerance says the engine is not healthy ({view.faulted}); inference is held until it is"
+        return NotServing(why, state=state.value, cause="faulted")
     if state is State.RUNNING:  # awake, with weights that may not serve, or making room for another engine
         if view.swapping_out_for is not None:
             why = f"finishing what it serves, to be put to sleep for {view.swapping_out_for}'s turn; inference is held"
