@@ -187,25 +187,8 @@ class CheckpointOperations:
         return Check(CheckName.SNAPSHOT, CheckResult.PASS, f"answers {now.text!r} as before the prepare")
 
     async def _snapshot(self) -> Snapshot:
-        """vLLM's snapshot probe: greedy, one token, its logprob and its token ids."""
-        auth = self._verifier._auth()
-        models = (await self._client.call("GET", "/v1/models", headers=auth)).json()
-        payload: dict[str, object] = {
-            "model": str(models["data"][0]["id"]),
-            "prompt": self._settings.canary_prompt,
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": 0,
-            "return_token_ids": True,
-        }
-        if self._verifier.cache_salt is not None:
-            payload["cache_salt"] = self._verifier.cache_salt
-        reply = await self._client.call(
-            "POST", "/v1/completions", json_body=payload, timeout_s=self._settings.canary_timeout_s, headers=auth
-        )
-        if reply.status != 200:
-            raise ValueError(f"status {reply.status}: {reply.message()}")
-        choice = reply.json()["choices"][0]
+        """vLLM's snapshot probe: the canary prompt, greedy, one token, with its logprob and its token ids."""
+        choice = await self._verifier.canary_choice(logprobs=0, return_token_ids=True)
         logprob = choice["logprobs"]["token_logprobs"][0]
         ids = choice.get("token_ids") or ()
         return Snapshot(tuple(int(i) for i in ids), str(choice["text"]), float("nan") if logprob is None else logprob)
