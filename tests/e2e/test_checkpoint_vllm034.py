@@ -11,6 +11,7 @@ from typing import Any
 
 from lifeguard_sim.app import SimSettings
 from tests.e2e.conftest import FAST_SIM, Stack
+from tests.lifeguard_testing import ServeLifeguard
 
 V034 = SimSettings(**{**FAST_SIM.__dict__, "vllm_version": "0.34"})
 STARTS_PREPARED = SimSettings(**{**V034.__dict__, "checkpoint_prepare_on_startup": True})
@@ -110,3 +111,19 @@ async def test_a_failed_prepare_or_restore_puts_the_engine_out_of_service_saying
     assert restore.status >= 500 and restore.status != 500, await restore.text()
     snapshot = await restarted.state()
     assert (snapshot["state"], snapshot["failure"]) == ("FAILED", "checkpoint")
+
+
+async def test_a_restarted_proxy_adopts_a_prepared_engine_and_holds_until_the_restore(
+    make_stack: Any, serve_lifeguard: ServeLifeguard
+) -> None:
+    stack: Stack = await make_stack(V034)
+    assert (await stack.client.post("/checkpoint/prepare")).status == 200
+    await stack.client.close()  # the proxy is gone; vLLM stays prepared
+
+    restarted = Stack(await serve_lifeguard(stack.settings), stack.sim_server, stack.settings)
+    await restarted.wait_state("CHECKPOINTED", timeout=5 * stack.settings.reconcile_interval_s + 2)
+    held = restarted.completion_in_background()
+    await restarted.wait_held(1)
+    assert (await restarted.client.post("/checkpoint/restore")).status == 200
+    assert (await asyncio.wait_for(held, 5)).status == 200
+    assert stack.sim.state_dict()["violations"] == []
