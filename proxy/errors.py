@@ -214,6 +214,14 @@ class WeightUpdateSessionLost(InvalidTransition):
     advice = "Start the weight update again from /start_weight_update."
 
 
+class CheckpointPrepared(InvalidTransition):
+    """The engine is prepared for a process checkpoint (vLLM 0.34's `/checkpoint/prepare`): vLLM answers the call 500
+    until a restore, so the proxy refuses it."""
+
+    reason = "checkpoint_prepared"
+    advice = "Restore the engine (`POST /checkpoint/restore`), then retry."
+
+
 class EngineNotChosen(LifeguardError):
     """Several engines are guarded and the request does not say which one it is for."""
 

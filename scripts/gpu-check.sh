@@ -4,7 +4,8 @@
 # Starts the simulator with real GPU memory (`vllm-lifeguard sim --memory cuda`: its weights and KV pool
 # are torch allocations of a few GiB each on cuda:0), runs `vllm-lifeguard serve --gpu-probe nvml` in
 # front of it, and scripts/gpu_check.py checks that an honest sleep/wake passes verification with the
-# memory the proxy read, and that a lying sleep and a lying wake (the simulator's lie-memory fault) are
+# memory the proxy read, that vLLM 0.34's checkpoint prepare and restore (the simulator's 0.34 profile) release and map
+# back the KV cache, verified by the memory the proxy read and vLLM's snapshot check, and that a lying sleep and a lying wake (the simulator's lie-memory fault) are
 # each answered 503 verification_failed with the true state kept. The figures (device memory before/after
 # each step, what the proxy read, verification seconds) go to $OUT/gpu-check.json, or ./gpu-check.json
 # when $OUT is unset. Then two such simulators on the same GPU behind one proxy of `engines:` (each engine's
@@ -81,7 +82,7 @@ else
   echo "gpu-check: no physical check ($WHY); dry run with --gpu-probe $PROBE" >&2
 fi
 
-"$PYTHON" -m proxy sim --port "$ENGINE_PORT" --log-level warning \
+"$PYTHON" -m proxy sim --port "$ENGINE_PORT" --log-level warning --vllm-version 0.34 \
   --weights-gib "${WEIGHTS_GIB:-4}" --kv-gib "${KV_GIB:-4}" "${ENGINE_ARGS[@]}" >"$WORK/engine.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$ENGINE_PORT/health" 60 "${PIDS[0]}"

@@ -51,11 +51,16 @@ class Step:
     arm: str | None = None  # the op whose next call lies about memory (the simulator's lie-memory fault)
     expect_failed_check: str | None = None  # for a 503: which check must have caught it
     expect_memory: str | None = "pass"  # the memory check's result on a 200 that moves memory
+    expect_passed: str | None = None  # another check X-Lifeguard-Verified must say passed on a 200
 
 
 STEPS: tuple[Step, ...] = (
     Step("honest sleep level 1", "POST", "/sleep?level=1", 200, "SLEEPING"),
     Step("honest wake", "POST", "/wake_up", 200, "RUNNING"),
+    # vLLM 0.34's process checkpoint: the prepare releases the KV cache, the restore maps it back, checked by vLLM's
+    # own snapshot check (docs/verification.md, class 25)
+    Step("checkpoint prepare", "POST", "/checkpoint/prepare?mode=abort", 200, "CHECKPOINTED"),
+    Step("checkpoint restore", "POST", "/checkpoint/restore", 200, "RUNNING", expect_passed="snapshot"),
     Step("honest sleep level 2", "POST", "/sleep?level=2", 200, "SLEEPING"),
     Step("wake the weights", "POST", "/wake_up?tags=weights", 200, "SLEEPING"),
     Step(
@@ -88,9 +93,11 @@ def judge_step(step: Step, status: int, verified: str | None, state: dict[str, A
         if checks.get(step.expect_failed_check) != "fail":
             problems.append(f"the {step.expect_failed_check} check did not fail: {checks}")
     elif step.expect_memory is not None and status == 200:
-        memory = dict(part.split("=", 1) for part in (verified or "").split(",") if "=" in part).get("memory")
-        if memory != step.expect_memory:
-            problems.append(f"memory check {memory!r} in X-Lifeguard-Verified {verified!r}")
+        results = dict(part.split("=", 1) for part in (verified or "").split(",") if "=" in part)
+        if results.get("memory") != step.expect_memory:
+            problems.append(f"memory check {results.get('memory')!r} in X-Lifeguard-Verified {verified!r}")
+        if step.expect_passed is not None and results.get(step.expect_passed) != "pass":
+            problems.append(f"{step.expect_passed} check {results.get(step.expect_passed)!r} in {verified!r}")
     return problems
 
 

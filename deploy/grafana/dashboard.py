@@ -47,6 +47,9 @@ LIFEGUARD_STATES = [
     ("WAKING", "light-blue"),
     ("UPDATING_WEIGHTS", "orange"),
     ("SCALING", "dark-orange"),
+    ("PREPARING_CHECKPOINT", "light-blue"),
+    ("CHECKPOINTED", "semi-dark-blue"),
+    ("RESTORING", "light-blue"),
     ("FAILED", "red"),
 ]
 VLLM_SLEEP_STATES = [("awake", "green"), ("weights_offloaded", "purple"), ("discard_all", "dark-purple")]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from .column import Column
 from .scenarios import (
     Finding,
+    checkpoint_cycle,
     level2_without_reload,
     lora_across_wake,
     memory_follows_sleep,
@@ -170,6 +171,13 @@ ROWS: tuple[Row, ...] = (
         "vLLM #46893, #57727 · class 21",
         prefix_cache_after_weight_change,
         "protocol",
+    ),
+    Row(
+        "checkpoint-cycle",
+        "a process checkpoint, a request and a sleep meanwhile (vLLM 0.34)",
+        "a request while prepared is refused engine_paused behind a /health 200; /sleep answers 500",
+        "class 25",
+        checkpoint_cycle,
     ),
     Row(
         "lora-across-wake",

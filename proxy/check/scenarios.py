@@ -338,6 +338,30 @@ async def prefix_cache_after_weight_change(col: Column) -> Finding:
 CACHED_PROMPT = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. " * 20
 
 
+async def checkpoint_cycle(col: Column) -> Finding:
+    """vLLM 0.34's process checkpoint: a request and a `/sleep` while prepared, then the restore."""
+    prepared = await col.post("/checkpoint/prepare", mode="abort")
+    if prepared.status == 404:
+        return skip("no /checkpoint/prepare here (vLLM before 0.34, or sleep mode off)")
+    if prepared.status != 200:
+        return green(f"the prepare answered {prepared.summary()[:80]}: the client knows it did not happen")
+    pending, done, held = await _sent_while_asleep(col)
+    slept = await col.sleep(1)
+    restored = await col.post("/checkpoint/restore")
+    reply = await pending
+    if done and reply.status != 200:
+        return red(
+            f"a request sent while prepared was answered {reply.summary()[:80]}: a retryable refusal each client must "
+            "retry by itself, while /health says 200"
+        )
+    if slept.status is not None and slept.status >= 500:
+        return red(f"/sleep on a prepared engine answered {slept.summary()[:80]}: an internal error, not a refusal")
+    if restored.status != 200 or reply.status != 200:
+        return red(f"the restore answered {restored.summary()[:60]}; the request sent meanwhile {reply.summary()[:60]}")
+    how = f"held ({held}) and " if held else ""
+    return green(f"the request sent while prepared was {how}answered after the restore; /sleep: {slept.summary()[:60]}")
+
+
 def _long_stream_body(model: str) -> dict[str, object]:
     return {
         "model": model,

@@ -368,6 +368,16 @@ class Settings(BaseSettings):
             "is FAILED: a busy API server answers late. A refused connection or a 503 fails it at the first round."
         ),
     )
+    stall_after_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Seconds with inference requests in flight and no byte from vLLM, while RUNNING, after which the engine "
+            "counts as stalled (field reports: hours at 0 tokens/s behind a /health 200): /lifeguard/serving says "
+            "503 `stalled`, lifeguard_engine_stalled is 1 and a WARNING names the engine, until bytes flow again. "
+            "Unset: not watched. Set it above the longest non-streaming request (it sends nothing until done)."
+        ),
+    )
     hold_while_weights_stale: bool = Field(
         default=False,
         description=(

@@ -107,8 +107,9 @@ class Front:
             return SerializedForward(client, request, engine, route.target, plan, drop=request.drop,
                                      tasks=self.engine_set.tasks)  # fmt: skip
         if kind is RouteKind.AT_ONCE:
-            plan = engine.plan_at_once(route.path)
-            return Forward(client, request, engine, route.target, drop=request.drop, on_answer=plan.on_answer)
+            plan = engine.plan_at_once(route.path, route.target)
+            return Forward(client, request, engine, plan.target or route.target, drop=request.drop,
+                           on_answer=plan.on_answer)  # fmt: skip
         if kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
         return Forward(client, request, engine, route.target, drop=request.drop)

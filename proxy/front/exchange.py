@@ -228,6 +228,8 @@ class Forward(Answering):
     # ----- response sink
     def begin_read(self) -> None:
         self._reading = True
+        if self._ticket is not None:
+            self._engine.inflight.progressed()
 
     def end_read(self) -> None:
         self._flush_with(b"")

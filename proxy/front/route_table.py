@@ -58,6 +58,10 @@ LIFECYCLE_PATHS: dict[str, str] = {
     "/finish_weight_update": "finish_weight_update",
     "/collective_rpc": "collective_rpc",
     "/release_kv_cache_memory": "release_kv_cache_memory",
+    # vLLM 0.34 (serve/checkpoint/api_router.py): drain and release memory for a process checkpoint, and back;
+    # served whenever sleep mode is on, without dev mode too.
+    "/checkpoint/prepare": "checkpoint_prepare",
+    "/checkpoint/restore": "checkpoint_restore",
 }
 
 _R, _P, _RP = ("GET", "HEAD"), ("POST",), ("GET", "HEAD", "POST")
@@ -89,10 +93,6 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     (_P, "/weight_checker", RouteKind.SERIALIZED),
     (_P, "/fault_tolerance/apply", RouteKind.SERIALIZED),
     (_P, "/v1/fault_tolerance/apply", RouteKind.SERIALIZED),  # vLLM 0.34's path for it
-    # vLLM 0.34 (serve/checkpoint/api_router.py): drain and release memory for a process checkpoint, and back.
-    # They wait for a transition in progress; what they leave vLLM in is read back from its flags (drift).
-    (_P, "/checkpoint/prepare", RouteKind.SERIALIZED),
-    (_P, "/checkpoint/restore", RouteKind.SERIALIZED),
     # read-only, health, metrics, docs
     (_R, "/health", RouteKind.NEVER_GATED),
     (_RP, "/ping", RouteKind.NEVER_GATED),

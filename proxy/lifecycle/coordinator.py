@@ -23,15 +23,19 @@ from ..tasks import Tasks
 from ..upstream.observation import LateReads, Observation
 from ..upstream.refusals import Refusal
 from ..upstream.vllm_client import VllmClient
+from .checkpoint_operations import CheckpointOperations
 from .engine_calls import EngineCalls
+from .fault_tolerance import FaultToleranceWatch
 from .gate import RequestGate
 from .inflight import InFlightRequests
+from .offload_tier import RESET_EXTERNAL, keeps_tier
 from .outcome import Outcome, answered_by_us, from_vllm
 from .parsed_calls import LifecycleCall
 from .persisted_facts import PersistedFacts
 from .prefix_cache import HEADER, RESET_PATH, reset_result
 from .record import EngineRecord, FailureKind
 from .rules import (
+    CHECKPOINT_OPERATIONS,
     WEIGHTLESS,
     Admission,
     Defer,
@@ -45,6 +49,7 @@ from .rules import (
     unavailable,
 )
 from .sleep_operations import SleepOperations
+from .stall import StallWatch
 from .state_file import StateFile
 from .states import State
 from .verifier import Verifier
@@ -111,6 +116,11 @@ class LifecycleCoordinator:
             self.checksums,
             self.end_forwarded_requests,
         )
+        self._checkpoint = CheckpointOperations(
+            settings, client, self.record, self._calls, verifier, self.checksums, metrics, self._sleep._lie
+        )
+        self._fault_tolerance = FaultToleranceWatch(client, self.record)
+        self._stall = StallWatch(settings.stall_after_s, self.inflight, self.record, metrics)
         self._weight_rpc_methods = frozenset(settings.weight_reload_rpc_methods + settings.weight_update_rpc_methods)
         self.guard: SubmitGuard | None = None
         previous = self._state_file.load()
@@ -245,6 +255,8 @@ class LifecycleCoordinator:
         try:
             partition = self.record.prefix_partition
             outcome = await self._execute(call)
+            if keeps_tier(call):
+                self.record.offload_tier_kept = True
             if self.record.prefix_partition is not partition or call.op == "resume":
                 await self._clear_prefix_cache()
             return outcome
@@ -310,6 +322,8 @@ class LifecycleCoordinator:
             return await self._sleep.run_worker_rpc(call)
         if call.op in WEIGHT_OPERATIONS:
             return from_vllm(await self._weights.run(call), None)
+        if call.op in CHECKPOINT_OPERATIONS:
+            return await self._checkpoint.run(call)
         return await self._sleep.run(call)
 
     async def exclusive(
@@ -368,6 +382,8 @@ class LifecycleCoordinator:
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
         """Compare vLLM's flags with ours while nothing is in flight; adopt what is observed."""
+        self._stall.look()
+        await self._fault_tolerance.look()
         if self._lock.locked():
             return
         async with self._lock:
@@ -407,12 +423,15 @@ class LifecycleCoordinator:
         if self.record.prefix_partition is None or self.state in (State.STARTING, State.FAILED):
             return
         try:
-            reply = await self._client.call("POST", RESET_PATH)
+            reply = await self._client.call("POST", RESET_PATH, query=[RESET_EXTERNAL])  # the offload tier too
         except UpstreamError as exc:
             log.warning("the prefix cache could not be reset: %s", exc.message, extra={"event": "prefix_reset_failed"})
             self._metrics.prefix_reset("proxy", "unknown")
             return
-        self._reset_answered("proxy", reset_result(reply.status, reply.body))
+        result = reset_result(reply.status, reply.body)
+        self._reset_answered("proxy", result)
+        if result:
+            self.record.offload_tier_kept = False
 
     def client_reset_answered(self, status: int, body: bytes) -> bytes:
         """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the

@@ -33,6 +33,7 @@ from .coordinator import LifecycleCoordinator, SubmitGuard
 from .coordinator import Submit as Submit  # the arbiter's vocabulary
 from .gate import Parked, ParkedOwner, RequestGate, Ticket
 from .inflight import InFlightRequests
+from .offload_tier import emptying_both_tiers
 from .outcome import Outcome
 from .parsed_calls import LifecycleCall, parse_call
 from .policies import Policies
@@ -53,6 +54,7 @@ class ControlPlan:
 
     on_answer: Callable[[int, bytes], bytes | None] | None = None
     zeroes_weights: bool = False
+    target: bytes | None = None  # what is sent instead of the client's target (None: the client's)
 
 
 _FORWARD_AS_IS = ControlPlan()
@@ -152,11 +154,15 @@ class Engine:
         admitted again, is held, refused or forwarded by what the engine now is."""
         await self.coordinator.engine_refused(refusal)
 
-    def plan_at_once(self, path: str) -> ControlPlan:
-        """A control call forwarded at once; raises the LifeguardError that refuses it while the engine cannot."""
+    def plan_at_once(self, path: str, target: bytes) -> ControlPlan:
+        """A control call forwarded at once; raises the LifeguardError that refuses it while the engine cannot. A
+        client's prefix-cache reset sent while old-weight blocks may be cached empties the offload tier too."""
         if (refusal := control_refusal(self.coordinator.record.view())) is not None:
             raise refusal
-        return ControlPlan(self.coordinator.client_reset_answered) if path == RESET_PATH else _FORWARD_AS_IS
+        if path != RESET_PATH:
+            return _FORWARD_AS_IS
+        emptied = None if self.coordinator.record.prefix_partition is None else emptying_both_tiers(target)
+        return ControlPlan(self.coordinator.client_reset_answered, target=emptied)
 
     def plan_serialized(self, path: str, body: bytes) -> ControlPlan:
         """A control call that touches weights or memory, run by `exclusive`: a LoRA adapter loaded again is

@@ -33,12 +33,14 @@ class EngineCalls:
         self._verifier = verifier
         self._record = record
 
-    async def post(self, call: LifecycleCall, path: str, *, hint: State) -> Reply:
-        """POST `call` to vLLM's `path`; on failure adopt what vLLM is (`hint`: the state we were near)."""
+    async def post(self, call: LifecycleCall, path: str, *, hint: State, adopt: bool = True) -> Reply:
+        """POST `call` to vLLM's `path`; on failure adopt what vLLM is (`hint`: the state we were near), unless
+        `adopt` is False (the caller decides first: sleep_completion.py)."""
         try:
             return await self._watching(self.send(call, path))
         except UpstreamError as exc:
-            await self.adopt_observed(hint, message=exc.message)
+            if adopt:
+                await self.adopt_observed(hint, message=exc.message)
             raise
 
     async def send(self, call: LifecycleCall, path: str) -> Reply:

@@ -8,6 +8,7 @@ the client gets 503 `aborted_by_sleep`, or that error as an SSE event on a start
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
 log = logging.getLogger("lifeguard.inflight")
@@ -23,13 +24,21 @@ class Abortable(Protocol):
 class InFlightRequests:
     def __init__(self) -> None:
         self._entries: set[Abortable] = set()
+        # When vLLM last sent a byte of an answer, or requests went in flight after none was (lifecycle/stall.py).
+        self.last_progress = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, entry: Abortable) -> None:
         """A forwarded request; it calls `discard` when it ends."""
+        if not self._entries:
+            self.last_progress = time.monotonic()
         self._entries.add(entry)
+
+    def progressed(self) -> None:
+        """vLLM sent bytes of an answer."""
+        self.last_progress = time.monotonic()
 
     def discard(self, entry: Abortable) -> None:
         self._entries.discard(entry)

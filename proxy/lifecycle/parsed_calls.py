@@ -68,6 +68,9 @@ def parse_call(op: str, query: Iterable[tuple[str, str]], body: bytes) -> Lifecy
         if clear_cache is not None:
             sent.append(("clear_cache", "true" if clear_cache else "false"))
         return LifecycleCall(op, tuple(sent), mode=mode)
+    if op == "checkpoint_prepare":  # vLLM's default drain is `wait` (serve/checkpoint/api_router.py)
+        mode = _mode(_last(pairs, "mode", "wait"))
+        return LifecycleCall(op, (("mode", mode),), mode=mode)
     if op == "collective_rpc":
         rpc = classify(body)
         return LifecycleCall(op, tuple(pairs), body, rpc_method=rpc.method, rpc=rpc)

@@ -39,6 +39,7 @@ _SETTLE: dict[State, Callable[[Lifecycle], bool]] = {
     State.SLEEPING: lambda lifecycle: lifecycle.settle_sleeping(),
     State.UPDATING_WEIGHTS: lambda lifecycle: lifecycle.settle_updating(),
     State.SCALING: lambda lifecycle: lifecycle.settle_scaling(),
+    State.CHECKPOINTED: lambda lifecycle: lifecycle.settle_checkpointed(),
 }
 
 
@@ -85,6 +86,8 @@ class EngineRecord:
         self.elastic: ElasticStatus | None = None
         # vLLM's prefix cache may hold blocks computed by older weights: admitted inference carries its salt.
         self.prefix_partition: Partition | None = None
+        # A sleep or release kept the KV connector's offload tier (reset_connector=false): lifecycle/offload_tier.py.
+        self.offload_tier_kept = False
         self._elastic_problem_logged: str | None = None
         self._ever_running = False
         self.reachability = Reachability(upstream)
@@ -160,6 +163,29 @@ class EngineRecord:
         return self._facts.swapping_out_for
 
     # ----- facts the coordinator establishes
+    @property
+    def stalled_for(self) -> float | None:
+        return self._facts.stalled_for
+
+    def stall_seen(self, seconds: float | None) -> None:
+        """lifecycle/stall.py's round: seconds without a byte from vLLM while requests are in flight, or None."""
+        if (seconds is None) != (self._facts.stalled_for is None):
+            self._set(stalled_for=seconds)
+        else:
+            self._facts = replace(self._facts, stalled_for=seconds)  # the same verdict: no view change
+
+    @property
+    def faulted(self) -> str | None:
+        return self._facts.faulted
+
+    def fault_seen(self, info: str | None) -> None:
+        """vLLM 0.34's fault tolerance says the engine is not healthy (`info`), or healthy again (None)."""
+        if info != self._facts.faulted:
+            log.warning("vLLM's fault tolerance: %s", f"the engine is not healthy ({info}); inference is held"
+                        if info is not None else "the engine is healthy again", extra={"event": "engine_faulted",
+                        "fault_info": info})  # fmt: skip
+            self._set(faulted=info)
+
     def swap_out(self, for_engine: str | None) -> None:
         """Drained for another engine's turn (new requests held), or (None) no longer."""
         if self._facts.swapping_out_for != for_engine:
@@ -335,6 +361,9 @@ class EngineRecord:
         if not obs.reachable or not obs.healthy:
             self.set_failed(FailureKind.UNREACHABLE, message or obs.error or "/health is not 200")
             return
+        if obs.checkpoint not in (None, "running"):
+            self._adopt_checkpoint(obs)
+            return
         if obs.sleeping is False and not obs.paused:
             self._set(asleep_tags=frozenset(), sleep_level=None, user_pause=None)
             self.settle(State.UPDATING_WEIGHTS if self.weight_update_active else State.RUNNING)
@@ -371,6 +400,14 @@ class EngineRecord:
                 self._set(sleep_level=level, asleep_tags=asleep_tags_for(level))
                 self.discarded()
             self.settle(State.SLEEPING)
+
+    def _adopt_checkpoint(self, obs: Observation) -> None:
+        """vLLM 0.34's `/checkpoint/status` says a process checkpoint is under way, done, or failed (nothing but a
+        restart of vLLM leaves FAILED there)."""
+        if obs.checkpoint == "failed":
+            self.set_failed(FailureKind.CHECKPOINT, f"vLLM's process checkpoint failed: {obs.checkpoint_error}")
+        else:
+            self.settle(State.CHECKPOINTED)
 
     def _adopt_elastic(self, status: ElasticStatus) -> None:
         """vLLM's elastic-EP gate answered instead of its flags; `status` is what /is_scaling_elastic_ep said."""
@@ -444,7 +481,10 @@ class EngineRecord:
         seen = (obs.sleeping, obs.paused if obs.paused is not None else obs.sleeping)
         # The flags cannot tell a sleep from a pause; vLLM's sleep-state gauge can, one way round.
         slept_while_paused = state is State.PAUSED and _gauge_sleep_level(obs, memory_freed) is not None
-        if seen != expected or slept_while_paused:
+        checkpoint_moved = obs.checkpoint is not None and (
+            (obs.checkpoint != "running") != (state is State.CHECKPOINTED) or obs.checkpoint == "failed"
+        )
+        if seen != expected or slept_while_paused or checkpoint_moved:
             before = state.value
             if state is State.SLEEPING and seen == (False, False):
                 # Awake with no wake of ours: a wake behind our back, or a restart between two rounds (its fresh
@@ -525,6 +565,7 @@ class EngineRecord:
             "weights_stale": self.weights_stale is not None,
             "weights_stale_reason": self.weights_stale,
             "prefix_cache": _prefix_view(self.prefix_partition),
+            "offload_tier_kept": self.offload_tier_kept,
             "swapping_out_for": self.swapping_out_for,
             "last_error": self.last_error,
             "upstream_unreachable": self.reachability.snapshot(),

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import (
     AlreadyAsleep,
+    CheckpointPrepared,
     EngineAsleep,
     EngineRetired,
     EngineScaling,
@@ -66,6 +67,8 @@ class FailureKind(enum.StrEnum):
     MEMORY = "memory"
     # A LoRA adapter served before a sleep is gone, or answers like the base model, after the wake (vLLM #53888).
     LORA = "lora"
+    # vLLM 0.34's process checkpoint failed (its CheckpointState FAILED): only a restart of vLLM leaves it.
+    CHECKPOINT = "checkpoint"
     # vLLM's elastic-EP scale failed and it keeps its gate up (phase "failed").
     ELASTIC_EP = "elastic_ep"
     # An elastic-EP scale-down retired this data-parallel rank: it answers nothing but /health until it is stopped.
@@ -94,6 +97,10 @@ class EngineView:
     # reached, and how (lifecycle/reachability.py).
     failure: FailureKind | None = None
     reason: str | None = None
+    # Seconds with requests in flight and no byte from vLLM, once past `stall_after_s` (lifecycle/stall.py).
+    stalled_for: float | None = None
+    # vLLM 0.34's fault tolerance says the engine is not healthy (lifecycle/fault_tolerance.py): what it said.
+    faulted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,8 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
         return Refuse(unavailable(view))
     in_update = state is State.UPDATING_WEIGHTS
     op = call.op
+    if op in CHECKPOINT_OPERATIONS or state is State.CHECKPOINTED:
+        return _judge_in_checkpoint(call, view)
     rpc_kind = call.rpc_kind if op == "collective_rpc" else None
     worker_sleep = rpc_kind in (RpcKind.SLEEP_FOR_SYNC, RpcKind.WAKE_FOR_SYNC)
     if (op in ("sleep", "wake_up", "pause", "resume", "release_kv_cache_memory") or worker_sleep) and in_update:
@@ -217,6 +226,33 @@ def judge(call: LifecycleCall, view: EngineView, weight_rpc_methods: frozenset[s
             )
         )
     return Run()
+
+
+#: vLLM 0.34's process-checkpoint calls (`/checkpoint/prepare`, `/checkpoint/restore`).
+CHECKPOINT_OPERATIONS = ("checkpoint_prepare", "checkpoint_restore")
+
+
+def _judge_in_checkpoint(call: LifecycleCall, view: EngineView) -> Decision:
+    """A checkpoint call, or any call while the engine is prepared for one: vLLM's EngineCore refuses to sleep, wake or
+    resume until a restore (a 500 to the client), and its prepare needs an awake engine (a 400)."""
+    state, op = view.state, call.op
+    if op == "checkpoint_restore":
+        return Run() if state is State.CHECKPOINTED else Noop({"state": "running"})  # vLLM: a restore is idempotent
+    if op == "checkpoint_prepare":
+        if state is State.CHECKPOINTED:
+            return Noop({"state": "prepared"})
+        if state is State.SLEEPING:
+            return Refuse(EngineAsleep("the engine is asleep; vLLM prepares a checkpoint only from an awake engine"))
+        if state is State.UPDATING_WEIGHTS:
+            why = "a weight update session is open; call /finish_weight_update before /checkpoint/prepare"
+            return Refuse(WeightUpdateInProgress(why))
+        return Run()
+    if op == "pause":
+        return Defer()  # vLLM's restore resumes scheduling: the pause is applied again after it
+    what = call.rpc_method if op == "collective_rpc" else f"/{op}"
+    return Refuse(
+        CheckpointPrepared(f"the engine is prepared for a process checkpoint; POST /checkpoint/restore before {what}")
+    )
 
 
 def _judge_sleep_for_sync(view: EngineView) -> Decision:
@@ -325,6 +361,7 @@ def admission(view: EngineView, *, on_sleeping: str, hold_while_restarted: bool)
     if view.state is State.RUNNING:
         if (
             view.swapping_out_for is not None
+            or view.faulted is not None
             or view.weights_stale in WEIGHTLESS
             or (view.weights_stale is Staleness.RESTARTED and hold_while_restarted)
         ):
@@ -351,6 +388,9 @@ NOT_SERVING_CAUSES = (
     "weights_stale",
     "swapping_out",
     "scaling",
+    "checkpoint",
+    "stalled",
+    "faulted",
 )
 
 _NOT_SERVING_IN: dict[State, tuple[str, str]] = {
@@ -363,6 +403,12 @@ _NOT_SERVING_IN: dict[State, tuple[str, str]] = {
     State.RESUMING: ("paused", "the engine is resuming; inference is held until the resume is verified"),
     State.UPDATING_WEIGHTS: ("updating_weights", "a weight update is in progress; inference is held until it ends"),
     State.SCALING: ("scaling", "vLLM's elastic EP is scaling; inference is held until it ends"),
+    State.PREPARING_CHECKPOINT: ("checkpoint", "the engine is preparing a process checkpoint; inference is held"),
+    State.CHECKPOINTED: (
+        "checkpoint",
+        "the engine is prepared for a process checkpoint; inference is held until /checkpoint/restore is verified",
+    ),
+    State.RESTORING: ("checkpoint", "the engine is restoring from a checkpoint; inference is held until it is checked"),
 }
 
 
@@ -377,6 +423,9 @@ def serving_refusal(
     if closed:
         return NotServing("the proxy is shutting down; inference is refused", state=state.value, cause="shutting_down")
     if admission(view, on_sleeping=on_sleeping, hold_while_restarted=hold_while_restarted) is Admission.FORWARD:
+        if view.stalled_for is not None:  # forwarded, but nothing comes back: routers send elsewhere
+            why = f"requests are in flight and vLLM has sent no byte for {view.stalled_for:.0f} s; it may be stalled"
+            return NotServing(why, state=state.value, cause="stalled")
         return None
     if state is State.SLEEPING:
         level = "its KV cache released" if view.sleep_level is None else f"level {view.sleep_level}"
@@ -385,6 +434,9 @@ def serving_refusal(
             "wake": "a request sent to it is held and wakes it",
         }.get(on_sleeping, "inference is held until a wake")
         return NotServing(f"the engine is asleep ({level}); {then}", state=state.value, cause="asleep")
+    if state is State.RUNNING and view.faulted is not None:
+        why = f"vLLM's fault tolerance says the engine is not healthy ({view.faulted}); inference is held until it is"
+        return NotServing(why, state=state.value, cause="faulted")
     if state is State.RUNNING:  # awake, with weights that may not serve, or making room for another engine
         if view.swapping_out_for is not None:
             why = f"finishing what it serves, to be put to sleep for {view.swapping_out_for}'s turn; inference is held"

@@ -20,6 +20,7 @@ from .outcome import Outcome, from_vllm
 from .parsed_calls import LifecycleCall
 from .record import EngineRecord, FailureKind
 from .rules import WEIGHTLESS, Staleness, wake_targets
+from .sleep_completion import sleep_sent
 from .states import State
 from .verdict import CheckName, CheckResult, Verdict
 from .verifier import Expectation, MemoryChange, Verifier
@@ -140,7 +141,7 @@ class SleepOperations:
             drained = "complete" if idle else f"timeout; {self._gate.inflight} aborted"
         if level == 2:  # written ahead: a proxy killed while this runs must not trust the weights after it
             self._write_ahead(weights_stale=Staleness.DISCARDED)
-        reply = await self._calls.post(call, "/sleep", hint=prev)
+        reply = await sleep_sent(self._calls, self._verifier, call, hint=prev)
         expect = Expectation(sleeping=True, paused=True, memory=MemoryChange.FREED if level >= 1 else None)
         verdict = await self._verifier.verify(expect, memory_before=before)
         failed = verdict.failed

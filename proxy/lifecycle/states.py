@@ -25,10 +25,25 @@ class State(enum.Enum):
     UPDATING_WEIGHTS = "UPDATING_WEIGHTS"
     # vLLM's elastic-EP gate is up while the deployment scales (proxy/upstream/elastic_ep.py): inference held.
     SCALING = "SCALING"
+    # vLLM 0.34's process checkpoint (docs/design.md): drained and its KV cache released for a checkpoint of the
+    # process, until a verified restore. Inference held; sleep, wake, resume and weight writes refused.
+    PREPARING_CHECKPOINT = "PREPARING_CHECKPOINT"
+    CHECKPOINTED = "CHECKPOINTED"
+    RESTORING = "RESTORING"
     FAILED = "FAILED"
 
 
-SETTLED = frozenset({State.RUNNING, State.PAUSED, State.SLEEPING, State.UPDATING_WEIGHTS, State.SCALING, State.FAILED})
+SETTLED = frozenset(
+    {
+        State.RUNNING,
+        State.PAUSED,
+        State.SLEEPING,
+        State.UPDATING_WEIGHTS,
+        State.SCALING,
+        State.CHECKPOINTED,
+        State.FAILED,
+    }
+)
 
 _ANY = [s for s in State]
 _SETTLE_FROM = [s for s in State if s is not State.FAILED]
@@ -45,11 +60,14 @@ TRANSITIONS: list[dict[str, Any]] = [
         "source": [State.RUNNING, State.PAUSED, State.SLEEPING],
         "dest": State.UPDATING_WEIGHTS,
     },
+    {"trigger": "begin_checkpoint", "source": [State.RUNNING, State.PAUSED], "dest": State.PREPARING_CHECKPOINT},
+    {"trigger": "begin_restore", "source": State.CHECKPOINTED, "dest": State.RESTORING},
     {"trigger": "settle_running", "source": _SETTLE_FROM, "dest": State.RUNNING},
     {"trigger": "settle_paused", "source": _SETTLE_FROM, "dest": State.PAUSED},
     {"trigger": "settle_sleeping", "source": _SETTLE_FROM, "dest": State.SLEEPING},
     {"trigger": "settle_updating", "source": _SETTLE_FROM, "dest": State.UPDATING_WEIGHTS},
     {"trigger": "settle_scaling", "source": _SETTLE_FROM, "dest": State.SCALING},
+    {"trigger": "settle_checkpointed", "source": _SETTLE_FROM, "dest": State.CHECKPOINTED},
     {"trigger": "fail", "source": _ANY, "dest": State.FAILED},
     # A failed engine is only trusted again once it has been seen healthy from scratch.
     {"trigger": "engine_back", "source": State.FAILED, "dest": State.STARTING},
@@ -90,6 +108,8 @@ class Lifecycle:
         def begin_sleep_again(self) -> bool: ...
         def begin_wake(self) -> bool: ...
         def begin_weight_update(self) -> bool: ...
+        def begin_checkpoint(self) -> bool: ...
+        def begin_restore(self) -> bool: ...
 
         # --- facts: what was verified or observed
         def settle_running(self) -> bool: ...
@@ -97,5 +117,6 @@ class Lifecycle:
         def settle_sleeping(self) -> bool: ...
         def settle_updating(self) -> bool: ...
         def settle_scaling(self) -> bool: ...
+        def settle_checkpointed(self) -> bool: ...
         def fail(self) -> bool: ...
         def engine_back(self) -> bool: ...

@@ -20,6 +20,9 @@ class CheckName(enum.StrEnum):
     CANARY = "canary"
     LORA = "lora"
     WEIGHTS = "weights"  # vLLM's weight checksums (proxy/lifecycle/weight_checksums.py)
+    # vLLM 0.34's process checkpoint (proxy/lifecycle/checkpoint_operations.py): its state, and vLLM's snapshot check
+    CHECKPOINT = "checkpoint"
+    SNAPSHOT = "snapshot"
 
 
 class CheckResult(enum.StrEnum):

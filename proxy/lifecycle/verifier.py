@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import Settings
 from ..errors import UpstreamError
@@ -394,6 +395,13 @@ class Verifier:
 
     async def _canary(self, model: str | None = None) -> CanaryAnswer:
         """The canary completion, of the base model or (`model`) of one LoRA adapter."""
+        choice = await self.canary_choice(model)
+        logprob = choice["logprobs"]["token_logprobs"][0]
+        return CanaryAnswer(str(choice["text"]), float("nan") if logprob is None else float(logprob))
+
+    async def canary_choice(self, model: str | None = None, **asked: object) -> Any:
+        """The canary completion's first choice; `asked`: more of the request's body (vLLM's snapshot check asks for
+        `logprobs=0` and `return_token_ids`, lifecycle/checkpoint_operations.py)."""
         auth = self._auth()
         if self._model is None:
             models = (await self._client.call("GET", "/v1/models", headers=auth)).json()
@@ -404,6 +412,7 @@ class Verifier:
             "max_tokens": 1,
             "temperature": 0,
             "logprobs": 1,
+            **asked,
         }
         if self.cache_salt is not None:
             payload["cache_salt"] = self.cache_salt  # computed by the current weights, not from older blocks
@@ -412,9 +421,7 @@ class Verifier:
         )
         if reply.status != 200:
             raise ValueError(f"status {reply.status}: {reply.message()}")
-        choice = reply.json()["choices"][0]
-        logprob = choice["logprobs"]["token_logprobs"][0]
-        return CanaryAnswer(str(choice["text"]), float("nan") if logprob is None else float(logprob))
+        return reply.json()["choices"][0]
 
 
 def _flag_problem(obs: Observation, expect: Expectation) -> str | None:

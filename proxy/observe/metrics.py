@@ -76,7 +76,7 @@ INFERENCE_OUTCOMES: tuple[str, ...] = (
 ROUTE_CLASSES: tuple[str, ...] = ("inference", "lifecycle", "passthrough")
 
 #: Verification checks run after a lifecycle 200, and their results.
-CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora", "weights")
+CHECKS: tuple[str, ...] = ("flags", "health", "memory", "canary", "lora", "weights", "checkpoint", "snapshot")
 CHECK_RESULTS: tuple[str, ...] = ("pass", "fail", "unavailable")
 
 #: Operating policies that can act on their own.
@@ -280,6 +280,12 @@ class Metrics:
             e,
             registry=registry,
         )
+        self.stalled = Gauge(
+            "lifeguard_engine_stalled",
+            "1 while inference requests are in flight and vLLM has sent no byte for stall_after_s while RUNNING.",
+            e,
+            registry=registry,
+        )
         self.prefix_resets = Counter(
             "lifeguard_prefix_cache_resets",
             "Answers of /reset_prefix_cache the proxy read, by who sent it (proxy, client) and what it said "
@@ -433,6 +439,7 @@ class EngineMetrics:
         self._weights_stale = family.weights_stale.labels(engine)
         self._unchanged_updates = family.unchanged_updates.labels(engine)
         self._prefix_partitioned = family.prefix_partitioned.labels(engine)
+        self._stalled = family.stalled.labels(engine)
         self._prefix_resets = {
             (by, result): family.prefix_resets.labels(engine, by, result)
             for by, result in itertools.product(("proxy", "client"), ("cleared", "not_cleared", "unknown"))
@@ -524,6 +531,10 @@ class EngineMetrics:
     def prefix_partitioned(self, partitioned: bool) -> None:
         """Whether blocks computed by older weights may still be in vLLM's prefix cache."""
         self._prefix_partitioned.set(1 if partitioned else 0)
+
+    def stalled(self, stalled: bool) -> None:
+        """Whether requests are in flight and vLLM sent no byte for `stall_after_s`."""
+        self._stalled.set(1 if stalled else 0)
 
     def prefix_reset(self, by: str, result: str) -> None:
         """An answer of /reset_prefix_cache sent by ``by`` (proxy, client) said ``result``."""

@@ -51,6 +51,11 @@ class Observation:
     # Set when vLLM's elastic-EP gate answered the flag reads (elastic_ep.py): the flags are unknown then, and
     # what vLLM is doing is what /is_scaling_elastic_ep said. `healthy` is no witness in that case.
     elastic: ElasticStatus | None = None
+    # vLLM 0.34's checkpoint state (`GET /checkpoint/status`: "preparing", "prepared", "restoring", "failed" or
+    # "running"), read only while the flags say paused or asleep, as a prepared engine's do; None: not read, or not
+    # served (vLLM before 0.34, or without sleep mode).
+    checkpoint: str | None = None
+    checkpoint_error: str | None = None
 
 
 class LateReads:

@@ -148,9 +148,24 @@ class VllmClient:
         awake, level = None, None
         if sleeping:
             awake, level = await self.sleep_state()
+        checkpoint, checkpoint_error = await self.checkpoint_state() if sleeping or paused else (None, None)
         return Observation(
-            reachable=True, healthy=True, sleeping=sleeping, paused=paused, metric_awake=awake, metric_level=level
-        )
+            reachable=True, healthy=True, sleeping=sleeping, paused=paused, metric_awake=awake, metric_level=level,
+            checkpoint=checkpoint, checkpoint_error=checkpoint_error,
+        )  # fmt: skip
+
+    async def checkpoint_state(self) -> tuple[str | None, str | None]:
+        """(state, error) from vLLM 0.34's `GET /checkpoint/status` (200 when prepared, 500 when failed, else 503,
+        each with `{"state", "error"}`); (None, None) where it is not served or cannot be read."""
+        try:
+            reply = await self.call("GET", "/checkpoint/status")
+            payload = reply.json() if reply.status in (200, 500, 503) else None
+        except (UpstreamUnreachable, UpstreamTimeout, ValueError):
+            return None, None
+        if not isinstance(payload, dict) or not isinstance(payload.get("state"), str):
+            return None, None
+        error = payload.get("error")
+        return payload["state"], str(error) if error is not None else None
 
     async def _flag_replies(self) -> tuple[Reply, Reply]:
         sleeping, paused = await asyncio.gather(self.call("GET", "/is_sleeping"), self.call("GET", "/is_paused"))

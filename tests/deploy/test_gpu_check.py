@@ -66,7 +66,9 @@ def test_the_simulator_refuses_cuda_memory_where_there_is_none() -> None:
 
 # ----- the check, in-process, against the real proxy
 async def _run_check(tmp_path: Path, aiohttp_server: Any, gpu_probe: str) -> dict[str, Any]:
-    sim = create_sim_app(SimSettings(gpu_file=tmp_path / "gpu.json", weights_gib=4, kv_gib=4, overhead_gib=1))
+    sim = create_sim_app(
+        SimSettings(gpu_file=tmp_path / "gpu.json", weights_gib=4, kv_gib=4, overhead_gib=1, vllm_version="0.34")
+    )
     engine_server: TestServer = await aiohttp_server(sim)
     settings = Settings(
         upstream=str(engine_server.make_url("")).rstrip("/"),
@@ -97,6 +99,8 @@ async def test_the_check_passes_when_the_proxy_reads_memory(tmp_path: Path, aioh
     assert steps["lying sleep"]["engine_flags_after"] == {"is_sleeping": True, "is_paused": True}
     assert steps["lying wake"]["proxy_state"] == "FAILED"
     assert steps["reload weights"]["verification_seconds"] is None
+    assert steps["checkpoint prepare"]["device_used_bytes_after"] == 5 * GIB  # the KV cache released
+    assert "snapshot=pass" in steps["checkpoint restore"]["verified"]
 
 
 async def test_the_check_fails_when_the_proxy_cannot_read_memory(tmp_path: Path, aiohttp_server: Any) -> None:

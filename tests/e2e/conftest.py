@@ -162,7 +162,8 @@ def status_of(raw: bytes) -> int:
 
 @pytest.fixture
 def make_stack(aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: Path) -> Callable[..., Awaitable[Stack]]:
-    async def make(sim: SimSettings | None = None, **overrides: Any) -> Stack:
+    async def make(sim: SimSettings | None = None, ready: tuple[str, ...] = (), **overrides: Any) -> Stack:
+        """`ready`: the states the proxy may settle in first, where an engine does not start RUNNING."""
         gpu_file = tmp_path / "gpu.json"
         sim_settings = sim or FAST_SIM
         sim_settings = SimSettings(**{**sim_settings.__dict__, "gpu_file": gpu_file})
@@ -177,7 +178,7 @@ def make_stack(aiohttp_server: Any, serve_lifeguard: ServeLifeguard, tmp_path: P
         stack = Stack(await serve_lifeguard(settings), sim_server, settings)
         # Ready = RUNNING and the start-up round (which records the golden canary) has finished. With an idle
         # auto-sleep the engine may already be asleep again by the first look: settled is ready then.
-        ready = ("RUNNING", "SLEEPING") if settings.idle_sleep_after_s is not None else ("RUNNING",)
+        ready = ready or (("RUNNING", "SLEEPING") if settings.idle_sleep_after_s is not None else ("RUNNING",))
         await stack.wait_for(lambda s: s["state"] in ready and not s["lifecycle_busy"])
         stack.baseline = dict(stack._counters())
         return stack

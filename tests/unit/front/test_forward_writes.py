@@ -72,7 +72,7 @@ def _engine() -> Engine:
         inference_finished=lambda outcome, seconds: None,
     )
     upstream = SimpleNamespace(host=b"vllm:8000", basic_auth=None, origins=(), pool=None)
-    inflight = SimpleNamespace(add=lambda exchange: None, discard=lambda exchange: None)
+    inflight = SimpleNamespace(add=lambda exchange: None, discard=lambda exchange: None, progressed=lambda: None)
     coordinator = SimpleNamespace(record=SimpleNamespace(prefix_partition=None))
     return cast(Engine, SimpleNamespace(metrics=quiet, upstream=upstream, inflight=inflight, coordinator=coordinator))
 

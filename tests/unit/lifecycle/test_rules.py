@@ -190,3 +190,34 @@ def test_a_drafter_session_follows_the_rules_of_a_session() -> None:
     # vLLM's worker holds one session at a time, the drafter's included.
     assert reason(judge(call("start_draft_weight_update"), UPDATING)) == "weight_update_active"
     assert reason(judge(call("start_draft_weight_update"), ASLEEP_1)) == "weights_asleep"
+
+
+# ----- vLLM 0.34's process checkpoint (docs/verification.md, class 25)
+@pytest.mark.parametrize(
+    ("op", "query"),
+    [("sleep", [("level", "1")]), ("wake_up", []), ("resume", []), ("release_kv_cache_memory", []),
+     ("start_weight_update", []), ("update_weights", []), ("finish_weight_update", [])],
+)  # fmt: skip
+def test_while_prepared_for_a_checkpoint_what_vllm_answers_500_is_refused_409_saying_to_restore(
+    op: str, query: list[tuple[str, str]]
+) -> None:
+    decision = judge(parse_call(op, query, b""), EngineView(State.CHECKPOINTED))
+    assert isinstance(decision, Refuse)
+    assert decision.error.status == 409 and decision.error.reason == "checkpoint_prepared"
+    assert "/checkpoint/restore" in decision.error.message
+
+
+def test_a_checkpoint_is_prepared_from_awake_engines_only_and_each_call_is_a_no_op_where_vllm_makes_it_one() -> None:
+    prepare, restore = parse_call("checkpoint_prepare", [], b""), parse_call("checkpoint_restore", [], b"")
+    assert prepare.mode == "wait"  # vLLM's default drain
+    assert isinstance(judge(prepare, EngineView(State.RUNNING)), Run)
+    assert isinstance(judge(prepare, EngineView(State.PAUSED)), Run)
+    assert isinstance(judge(prepare, EngineView(State.CHECKPOINTED)), Noop)
+    refused = judge(prepare, EngineView(State.SLEEPING, sleep_level=1))
+    assert isinstance(refused, Refuse) and refused.error.reason == "engine_asleep"
+    assert isinstance(judge(restore, EngineView(State.CHECKPOINTED)), Run)
+    assert isinstance(judge(restore, EngineView(State.RUNNING)), Noop)
+    assert isinstance(judge(parse_call("pause", [], b""), EngineView(State.CHECKPOINTED)), Defer)
+    assert admission(EngineView(State.CHECKPOINTED), on_sleeping="reject", hold_while_restarted=False) is (
+        Admission.HOLD
+    )

@@ -55,9 +55,25 @@ def test_the_settled_states_are_those_a_call_ends_in() -> None:
         State.SLEEPING,
         State.UPDATING_WEIGHTS,
         State.SCALING,
+        State.CHECKPOINTED,
         State.FAILED,
     }
     assert State.WAKING not in SETTLED
+
+
+def test_a_checkpoint_is_prepared_from_an_awake_engine_only_and_restored_from_checkpointed_only() -> None:
+    lifecycle, _ = machine()
+    lifecycle.settle_sleeping()
+    with pytest.raises(MachineError):
+        lifecycle.begin_checkpoint()  # vLLM refuses to prepare an engine that sleeps
+    lifecycle.settle_paused()
+    lifecycle.begin_checkpoint()
+    assert lifecycle.state is State.PREPARING_CHECKPOINT
+    with pytest.raises(MachineError):
+        lifecycle.begin_restore()
+    lifecycle.settle_checkpointed()
+    lifecycle.begin_restore()
+    assert lifecycle.state is State.RESTORING
 
 
 def test_scaling_is_entered_from_any_state_but_failed_and_left_by_settling() -> None:

@@ -1,0 +1,49 @@
+"""vLLM 0.34's KV-connector offload tier in the prefix-cache guarantee (docs/verification.md): the tier's block hashes
+do not cover the weights (vLLM PR #57810), so a tier kept through a sleep (`reset_connector=false`) would serve KV the
+old weights computed after a weight change. The proxy's reset empties both tiers (`reset_external=true`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lifeguard_sim.app import SimSettings
+from tests.e2e.conftest import FAST_SIM, Stack
+
+TIERED = SimSettings(**{**FAST_SIM.__dict__, "vllm_version": "0.34", "kv_connector": True})
+# 5 whole blocks of 16 tokens: reused from whichever tier holds them
+PROMPT = " ".join(["river light stone paper garden window engine signal"] * 10)
+
+
+async def _answer(stack: Stack) -> str:
+    resp = await stack.completion(PROMPT, max_tokens=6, ignore_eos=True)
+    assert resp.status == 200, await resp.text()
+    return str((await resp.json())["choices"][0]["text"])
+
+
+async def _update_weights(stack: Stack) -> None:
+    for path in ("/start_weight_update", "/update_weights", "/finish_weight_update"):
+        body = {"update_info": {}} if path == "/update_weights" else {}
+        resp = await stack.client.post(path, json=body)
+        assert resp.status == 200, (path, await resp.text())
+
+
+def _stale_hits(stack: Stack) -> list[str]:
+    return [v["kind"] for v in stack.sim.violations if str(v["kind"]).endswith("_stale_hit")]
+
+
+async def test_a_tier_kept_through_a_sleep_is_emptied_by_the_proxys_reset_after_the_weight_change(
+    make_stack: Any,
+) -> None:
+    stack: Stack = await make_stack(TIERED)
+    old = await _answer(stack)
+    assert (await stack.client.post("/sleep?level=1&reset_connector=false")).status == 200
+    assert (await stack.state())["offload_tier_kept"] is True
+    assert stack.sim.state_dict()["offload_tier_blocks"] > 0
+    assert (await stack.client.post("/wake_up")).status == 200
+    await _update_weights(stack)
+    snapshot = await stack.wait_for(lambda s: not s["prefix_cache"]["partitioned"], timeout=10)
+    assert snapshot["offload_tier_kept"] is False
+    assert stack.sim.state_dict()["offload_tier_blocks"] == 0
+    assert await _answer(stack) != old
+    assert _stale_hits(stack) == []
