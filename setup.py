@@ -55,7 +55,7 @@ class BuildOrFallBack(build_ext):
         except Exception as exc:  # the compiler's errors are several distutils classes
             for extension in self.extensions:
                 Path(self.get_ext_fullpath(extension.name)).unlink(missing_ok=True)
-            say_pure(f"compiling failed ({exc})")
+            say_pure(f"compiling failed ({type(exc).__name__}; the compiler's own output is above)")
 
 
 def extensions() -> list[Any]:
