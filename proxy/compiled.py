@@ -72,12 +72,15 @@ def compiled_modules() -> list[str]:
 
 
 def build() -> str:
-    """The build that runs, as the version, the start line and `/lifeguard/state` say it: `compiled`, `pure`
-    (nothing was compiled where this was installed, or `LIFEGUARD_PURE_PYTHON` asked for it) or `partly compiled`
-    (an install that lost some of its compiled modules)."""
+    """The build that runs, as `/lifeguard/state` says it: `compiled`, `pure` (nothing was compiled where this was
+    installed, or `LIFEGUARD_PURE_PYTHON` asked for it) or `partly compiled` (an install that lost some of them)."""
     count = len(compiled_modules())
-    if count == len(MODULES):
-        return "compiled"
-    if count == 0:
-        return f"pure ({PURE_VARIABLE})" if pure_asked() else "pure"
-    return f"partly compiled ({count} of {len(MODULES)} modules)"
+    return "compiled" if count == len(MODULES) else "pure" if count == 0 else "partly compiled"
+
+
+def build_said() -> str:
+    """The build that runs, as the version and the start line say it: `compiled build`, `pure build`, and why."""
+    count = len(compiled_modules())
+    if 0 < count < len(MODULES):
+        return f"partly compiled build ({count} of {len(MODULES)} modules)"
+    return f"{build()} build" + (f", {PURE_VARIABLE}" if pure_asked() else "")

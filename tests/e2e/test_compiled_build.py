@@ -13,7 +13,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from proxy import __version__
-from proxy.compiled import MODULES, PURE_VARIABLE, build
+from proxy.compiled import MODULES, PURE_VARIABLE, build, build_said
 from tests.e2e.conftest import Stack
 
 BIN = Path(sys.executable).with_name("vllm-lifeguard")
@@ -38,7 +38,7 @@ def test_the_build_that_loaded_is_the_one_built() -> None:
         assert compiled == list(MODULES), [loaded_from(name) for name in MODULES]
         assert build() == "compiled"
     elif EXPECTED == "pure":
-        assert compiled == [] and build().startswith("pure")
+        assert compiled == [] and build() == "pure"
     else:
         assert compiled in ([], list(MODULES)), f"partly compiled: {compiled}"
 
@@ -55,12 +55,21 @@ def test_lifeguard_pure_python_runs_the_sources_and_the_version_says_so(tmp_path
         timeout=60,
         check=True,
     ).stdout.splitlines()
-    assert pure[0] == f"pure ({PURE_VARIABLE})"
+    assert pure[0] == "pure"
     assert all(file.endswith(".py") for file in pure[1].split()), pure[1]
     version = subprocess.run(
         [str(BIN), "--version"], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True
     ).stdout
-    assert version.strip() == f"vllm-lifeguard {__version__} ({build()} build)"
+    assert (
+        version.strip()
+        == f"vllm-lifeguard {__version__} ({build()} build)"
+        == f"vllm-lifeguard {__version__} ({build_said()})"
+    )
+    forced = subprocess.run(
+        [str(BIN), "--version"], env=child_env(LIFEGUARD_PURE_PYTHON="1"), cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert forced.strip() == f"vllm-lifeguard {__version__} (pure build, {PURE_VARIABLE})"
 
 
 async def test_the_state_says_which_build_runs(make_stack: Callable[..., Awaitable[Stack]]) -> None:
