@@ -10,10 +10,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 # A C compiler for the compiled data plane (setup.py: mypyc); only the venv it builds reaches the final stage.
-# Debian's gcc of the pinned base image: its version follows the image, as the image's Python does.
+# Debian's gcc of the pinned base image: its version follows the image, as the image's Python does. The official
+# image has Python's headers; make test-image's local stand-in (scripts/image/base-image.sh, Debian's python3) gets
+# them from python3-dev.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && { python -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+      || apt-get install -y --no-install-recommends python3-dev; } \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 RUN python -m venv /opt/lifeguard
