@@ -9,17 +9,29 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
+# A C compiler for the compiled data plane (setup.py: mypyc); only the venv it builds reaches the final stage.
+# Debian's gcc of the pinned base image: its version follows the image, as the image's Python does. The official
+# image has Python's headers; make test-image's local stand-in (scripts/image/base-image.sh, Debian's python3) gets
+# them from python3-dev.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && { python -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+      || apt-get install -y --no-install-recommends python3-dev; } \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 RUN python -m venv /opt/lifeguard
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py ./
 COPY proxy ./proxy
 # The simulator ships too (about 100 KB of Python): it lets the image be tried and black-box tested with no
 # vLLM (`vllm-lifeguard sim`, `serve --upstream sim`); `serve` guards it only when told to.
 COPY lifeguard_sim ./lifeguard_sim
-# Every runtime dependency ships manylinux wheels for CPython 3.11, so no compiler is needed even here.
+# Every runtime dependency ships manylinux wheels for CPython 3.11: only vllm-lifeguard is compiled, and the image
+# ships compiled or is not built (`--version` names the build; -P: the installed package, not /src/proxy).
 RUN /opt/lifeguard/bin/pip install --no-cache-dir --only-binary=:all: --no-binary=vllm-lifeguard . \
  && /opt/lifeguard/bin/pip uninstall --yes pip setuptools \
- && /opt/lifeguard/bin/vllm-lifeguard --help >/dev/null
+ && /opt/lifeguard/bin/vllm-lifeguard --version \
+ && /opt/lifeguard/bin/python -P -c "import sys, proxy.compiled as c; sys.exit(c.build() != 'compiled')"
 
 # ---- final: the same base, the venv only, a non-root user
 FROM ${PYTHON_IMAGE}

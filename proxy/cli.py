@@ -22,6 +22,7 @@ from aiohttp import web
 
 from . import __version__
 from .app import Lifeguard
+from .compiled import build_said
 from .config import SIMULATOR, LogFormat, LogLevel, OnSleeping, Settings, SettingsError, StartupError, load_settings
 from .config.sources import CONFIG_VARIABLE
 from .config.startup_errors import NO_UPSTREAM, cannot_listen
@@ -38,7 +39,7 @@ FLAG_SETTINGS: dict[str, str] = {"no_canary": "canary_enabled"}
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-lifeguard", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"vllm-lifeguard {__version__}")
+    parser.add_argument("--version", action="version", version=f"vllm-lifeguard {__version__} ({build_said()})")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the guarding proxy in front of vLLM")
     serve.add_argument("--config", help="YAML settings file (see config/lifeguard.yaml); env LIFEGUARD_CONFIG")
@@ -156,12 +157,13 @@ async def _serve(settings: Settings, lifeguard: Lifeguard) -> None:
     # all each time (~35k objects, ~50 ms a pass during a burst of new streams; docs/performance.md).
     gc.freeze()
     log.info(
-        "vllm-lifeguard %s listening on http://%s:%s, guarding %s (event loop: %s)",
+        "vllm-lifeguard %s listening on http://%s:%s, guarding %s (event loop: %s, %s)",
         __version__,
         settings.host,
         lifeguard.port,
         settings.upstream_shown or ", ".join(f"{e.name} at {url_shown(e.upstream)}" for e in settings.engines),
         type(asyncio.get_running_loop()).__module__.split(".")[0],
+        build_said(),
     )
     if settings.admin_token is None and not loopback_only(settings.host):
         # vLLM's dev-mode routes have no auth; a newcomer's `--host 0.0.0.0` opens them to the network (issue 41).

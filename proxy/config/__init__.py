@@ -3,7 +3,7 @@
 Owns: the frozen, validated `Settings` (settings.py), building them from the flags, the `LIFEGUARD_*` variables and
 the YAML file with where each value came from (sources.py), and the one wording of start-up errors
 (startup_errors.py). Owns no behaviour of the proxy's own.
-May import: nothing of the proxy.
+May import: compiled (the name of the variable that forces pure Python), nothing else of the proxy.
 Door: the package itself, sources (building the settings), startup_errors, urls.
 """
 

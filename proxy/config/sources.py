@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError as SourceError
 
+from ..compiled import PURE_VARIABLE
 from .settings import FILE_VALUES, EngineSettings, Settings
 from .startup_errors import (
     SettingsError,
@@ -53,6 +54,7 @@ TOOL_VARIABLES = frozenset(
         "LIFEGUARD_PODS_LOCK_DIR",
         "LIFEGUARD_PODS_YAML",
         "LIFEGUARD_ROUTER_BIN",
+        "LIFEGUARD_TEST_BUILD",
         "LIFEGUARD_TEST_IMAGE",
         "LIFEGUARD_TEST_LOOP",
         "LIFEGUARD_UI_ARTIFACTS",
@@ -157,7 +159,9 @@ def _unknown(variable: str) -> bool:
     upper = variable.upper()
     if not upper.startswith(PREFIX) or _setting_of(variable) in Settings.model_fields:
         return False
-    if upper in (CONFIG_VARIABLE, REMOVED_VARIABLE) or upper in TOOL_VARIABLES or upper.startswith(TOOL_PREFIXES):
+    if upper in (CONFIG_VARIABLE, REMOVED_VARIABLE, PURE_VARIABLE) or upper in TOOL_VARIABLES:
+        return False
+    if upper.startswith(TOOL_PREFIXES):
         return False
     return not SERVICE_LINK.match(upper)
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from ..compiled import build
 from ..errors import MethodNotAllowed, NotFound, NotServing
 from ..lifecycle.engine import Engine
 from ..lifecycle.outcome import Outcome
@@ -76,14 +77,14 @@ def _status_page(engine_set: EngineSet, route: Route, request: ParsedRequest) ->
 
 async def _state(engine_set: EngineSet, engine: Engine | None, request: ParsedRequest) -> Answer:
     """The engines' state as JSON: each engine's snapshot (state, sleep, pause, weights, verification, errors) and
-    models; with several engines or `gpu_lock_dir`, the GPUs, footprints, swap queue and node locks. Needs the admin
-    token when one is set (or a status page session)."""
+    models; with several engines or `gpu_lock_dir`, the GPUs, footprints, swap queue and node locks; the build that
+    runs (`compiled` or `pure`, proxy/compiled.py). Needs the admin token when one is set (or a status page session)."""
     check_reader(request.headers, token_bytes(engine_set.settings.admin_token), time.time())
     models = engine_set.directory.names()
     if engine is not None:
-        return json_answer({**engine.snapshot(), "models": models[engine.name]})
+        return json_answer({**engine.snapshot(), "models": models[engine.name], "build": build()})
     engines = {name: {**one.snapshot(), "models": models[name]} for name, one in engine_set.engines.items()}
-    state: dict[str, Any] = {"engines": engines}
+    state: dict[str, Any] = {"engines": engines, "build": build()}
     if engine_set.arbiter is not None:
         state.update(await engine_set.arbiter.snapshot())
     if len(engines) == 1:

@@ -133,6 +133,7 @@ def serve_flags() -> dict[str, str]:
 
 
 def settings_md() -> str:
+    from proxy import compiled
     from proxy.config import EngineSettings, Settings, settings, sources
 
     schema = Settings.model_json_schema()
@@ -200,7 +201,8 @@ def settings_md() -> str:
         "case. Left alone:",
         "",
         f"* `{sources.CONFIG_VARIABLE}`, the YAML file; `{sources.REMOVED_VARIABLE}`, a removed setting (`raw` is "
-        "accepted and ignored, anything else refused, as in the file);",
+        "accepted and ignored, anything else refused, as in the file); "
+        f"`{compiled.PURE_VARIABLE}=1`, the data plane's sources run, not its compiled build (docs/performance.md);",
         f"* the ones this repository's own scripts, tests and CI read, so that a proxy they start in their "
         f"environment starts: {tools}, and {prefixes} (`tests/unit/config/test_settings_sources.py` fails on one they "
         "read that is not listed here);",

@@ -16,14 +16,14 @@ ARCHITECTURE = PROXY.parent / "docs" / "architecture.md"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(row)
     for row in (
-        {"errors", "tasks", "gpu", "observe"},
+        {"errors", "tasks", "gpu", "observe", "compiled"},
         {"config", "upstream"},
         {"lifecycle"},
         {"sharing"},
         {"front"},
         {"app", "check"},
         {"cli"},
-        {"__main__"},
+        {"__main__", "__init__"},  # __init__ runs first of all: it imports `compiled` only
     )
 )
 FLOOR = {part: level for level, row in enumerate(LAYERS) for part in row}
@@ -133,7 +133,8 @@ def violations(root: Path = PROXY) -> list[str]:
 
 def test_every_part_is_placed_in_one_row() -> None:
     parts = {part_of(module) for module in PROXY.rglob("*.py")} - {"__init__"}
-    assert parts == set(FLOOR), f"unplaced: {sorted(parts - set(FLOOR))}; gone: {sorted(set(FLOOR) - parts)}"
+    placed = set(FLOOR) - {"__init__"}
+    assert parts == placed, f"unplaced: {sorted(parts - placed)}; gone: {sorted(placed - parts)}"
 
 
 def test_no_part_imports_a_part_above_or_beside_it() -> None:

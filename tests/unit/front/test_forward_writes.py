@@ -1,8 +1,10 @@
 """proxy/front/exchange.py's `Forward` on a proxy/upstream/pool.py connection, driven read by read without sockets:
-what one read of vLLM's yields for the client goes out in one write (docs/performance.md, issue 39), in order."""
+what one read of vLLM's yields for the client goes out in one write (docs/performance.md, issue 39), in order. The
+tests are async: a connection released to its pool keeps it on the running loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -11,7 +13,9 @@ import pytest
 from proxy.front.exchange import Exchange, Forward
 from proxy.front.request_reader import ParsedRequest
 from proxy.lifecycle.engine import Engine
-from proxy.lifecycle.gate import Ticket
+from proxy.lifecycle.gate import RequestGate
+from proxy.lifecycle.inflight import InFlightRequests
+from proxy.lifecycle.rules import Admission
 from proxy.upstream.pool import UpstreamConnection, UpstreamPool
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -52,17 +56,15 @@ class _Client:
         self.done.append(exchange)
 
 
-class _Pool:
-    address = "vllm:8000"
+def _pool() -> UpstreamPool:
+    """A real pool (the compiled build checks the type) that never connects: the connection comes in by hand."""
 
-    def __init__(self) -> None:
-        self.released: list[UpstreamConnection] = []
+    async def connect(factory: Callable[[], UpstreamConnection]) -> Any:
+        raise AssertionError("the test hands the pool its connection")
 
-    def _release(self, conn: UpstreamConnection) -> None:
-        self.released.append(conn)
-
-    def _forget(self, conn: UpstreamConnection) -> None:
-        return None
+    return UpstreamPool(
+        connect, max_connections=1, max_connecting=1, keepalive_s=60, connect_timeout_s=1, name="t", address="vllm:8000"
+    )
 
 
 def _engine() -> Engine:
@@ -72,9 +74,10 @@ def _engine() -> Engine:
         inference_finished=lambda outcome, seconds: None,
     )
     upstream = SimpleNamespace(host=b"vllm:8000", basic_auth=None, origins=(), pool=None)
-    inflight = SimpleNamespace(add=lambda exchange: None, discard=lambda exchange: None, progressed=lambda: None)
     coordinator = SimpleNamespace(record=SimpleNamespace(prefix_partition=None))
-    return cast(Engine, SimpleNamespace(metrics=quiet, upstream=upstream, inflight=inflight, coordinator=coordinator))
+    return cast(
+        Engine, SimpleNamespace(metrics=quiet, upstream=upstream, inflight=InFlightRequests(), coordinator=coordinator)
+    )
 
 
 def _request() -> ParsedRequest:
@@ -89,9 +92,14 @@ def _request() -> ParsedRequest:
 def _forwarded(*, inference: bool) -> tuple[_Client, UpstreamConnection, _Transport]:
     """A `Forward` that sent its request on a fresh connection: the client, the connection, vLLM's side of it."""
     client = _Client()
-    ticket = cast(Ticket, SimpleNamespace(done=lambda: None)) if inference else None
+    ticket = None
+    if inference:
+        gate = RequestGate(max_held=1, hold_timeout_s=1)
+        gate.set_admission(Admission.FORWARD)
+        ticket = gate.try_admit()
+        assert ticket is not None
     forward = Forward(cast(Any, client), _request(), _engine(), b"/v1/completions", ticket=ticket)
-    conn = UpstreamConnection(cast(UpstreamPool, _Pool()))
+    conn = UpstreamConnection(_pool())
     upstream = _Transport()
     conn.connection_made(cast(Any, upstream))
     forward.connected(conn)
@@ -100,7 +108,7 @@ def _forwarded(*, inference: bool) -> tuple[_Client, UpstreamConnection, _Transp
 
 
 @pytest.mark.parametrize("inference", [False, True], ids=["pass-through", "inference, its refusal probe"])
-def test_one_read_of_vllms_with_the_head_and_several_events_is_one_write_to_the_client(inference: bool) -> None:
+async def test_one_read_of_vllms_with_the_head_and_several_events_is_one_write_to_the_client(inference: bool) -> None:
     client, conn, _ = _forwarded(inference=inference)
     conn.data_received(SSE_HEAD + b"".join(_chunk(event) for event in EVENTS[:3]))
     assert len(client.transport.writes) == 1
@@ -109,7 +117,7 @@ def test_one_read_of_vllms_with_the_head_and_several_events_is_one_write_to_the_
     assert body == b"".join(_chunk(event) for event in EVENTS[:3])
 
 
-def test_the_last_events_and_the_end_of_the_stream_are_one_write_and_come_before_the_exchange_ends() -> None:
+async def test_the_last_events_and_the_end_of_the_stream_are_one_write_and_come_before_the_exchange_ends() -> None:
     client, conn, _ = _forwarded(inference=True)
     conn.data_received(SSE_HEAD + _chunk(EVENTS[0]))
     conn.data_received(_chunk(EVENTS[1]) + _chunk(EVENTS[2]))
@@ -119,7 +127,7 @@ def test_the_last_events_and_the_end_of_the_stream_are_one_write_and_come_before
     assert client.transport.writes[2] == _chunk(EVENTS[3]) + b"0\r\n\r\n"
 
 
-def test_a_head_without_its_first_event_is_kept_back_and_goes_out_with_it_in_one_write() -> None:
+async def test_a_head_without_its_first_event_is_kept_back_and_goes_out_with_it_in_one_write() -> None:
     client, conn, _ = _forwarded(inference=True)
     conn.data_received(SSE_HEAD)
     assert client.transport.writes == []  # it might still be vLLM's refusal
@@ -128,7 +136,7 @@ def test_a_head_without_its_first_event_is_kept_back_and_goes_out_with_it_in_one
     assert client.transport.writes[0].endswith(b"\r\n\r\n" + _chunk(EVENTS[0]))
 
 
-def test_what_a_read_gathered_goes_out_before_the_error_event_of_an_upstream_that_broke_in_it() -> None:
+async def test_what_a_read_gathered_goes_out_before_the_error_event_of_an_upstream_that_broke_in_it() -> None:
     client, conn, _ = _forwarded(inference=False)
     conn.data_received(SSE_HEAD + _chunk(EVENTS[0]) + b"not a chunk size\r\n")
     written = b"".join(client.transport.writes)
