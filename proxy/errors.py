@@ -218,6 +218,16 @@ class WeightUpdateSessionLost(InvalidTransition):
     advice = "Start the weight update again from /start_weight_update."
 
 
+class WeightsPartial(InvalidTransition):
+    """An /update_weights failed mid-way: the weights are partial and no label may be published onto them."""
+
+    reason = "weights_partial"
+    advice = (
+        "A chunk of the weight update failed and left the weights partial: start a new weight update session "
+        "(or reload the weights); inference is held until then."
+    )
+
+
 class EngineNotChosen(LifeguardError):
     """Several engines are guarded and the request does not say which one it is for."""
 

@@ -19,6 +19,7 @@ from ..errors import BodyTimeout, BodyTooLarge, LifeguardError, ModelNotFound
 from ..lifecycle.prefix_cache import LORA_LOAD_PATH, RESET_PATH, reloaded_adapter
 from ..lifecycle.rules import control_refusal
 from ..lifecycle.weight_checksums import resets_weights
+from ..lifecycle.weight_version import RELABEL_PATH
 from ..observe.metrics import INFERENCE_OUTCOMES
 from ..upstream.refusals import Refusal
 from .admin import admin_carrier
@@ -120,6 +121,9 @@ class Front:
             if route.path == RESET_PATH:
                 return Forward(client, request, engine, route.target, drop=request.drop,
                                on_answer=engine.coordinator.client_reset_answered)  # fmt: skip
+            if route.path == RELABEL_PATH:
+                relabel = engine.coordinator.versions.relabel_answered(request.whole_body())
+                return Forward(client, request, engine, route.target, drop=request.drop, on_answer=relabel)
         elif kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
         return Forward(client, request, engine, route.target, drop=request.drop)

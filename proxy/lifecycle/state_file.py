@@ -18,6 +18,7 @@ from pathlib import Path
 from .prefix_cache import Partition
 from .rules import ALL_SLEEP_TAGS, SessionTarget, Staleness
 from .states import State
+from .weight_version import WeightVersion
 
 log = logging.getLogger("lifeguard.state_file")
 
@@ -46,6 +47,10 @@ class PersistedFacts:
     # One digest of vLLM's weight checksums taken before a level-1 sleep (weight_checksums: always): what its wake must
     # bring back, also when no proxy saw the wake (a proxy killed while it ran, or restarted while vLLM slept).
     weights_before_sleep: str | None = None
+    # The weight version the proxy vouches for (weight_version.py): its generation and label outlive the proxy, and
+    # the call whose failure left the weights partial.
+    weight_version: WeightVersion | None = None
+    weights_partial_after: str | None = None
 
     def __str__(self) -> str:
         """The facts in words, for the log line of a restarted proxy."""
@@ -63,6 +68,10 @@ class PersistedFacts:
             said.append("inference salted apart from the old prefix cache")
         if self.weights_before_sleep is not None:
             said.append("the weights' checksums before the sleep")
+        if self.weight_version is not None:
+            said.append(f"weight version {self.weight_version.label!r} (generation {self.weight_version.generation})")
+        if self.weights_partial_after is not None:
+            said.append(f"weights partial after a failed {self.weights_partial_after}")
         return "; ".join(said)
 
 
@@ -98,6 +107,8 @@ class StateFile:
                 weight_update_session=raw.get("weight_update_session"),
                 session_returns_to=raw.get("session_returns_to"),
                 weights_before_sleep=raw.get("weights_before_sleep"),
+                weight_version=WeightVersion.from_dict(raw.get("weight_version")),
+                weights_partial_after=raw.get("weights_partial_after"),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -137,4 +148,5 @@ def _well_formed(facts: PersistedFacts) -> bool:
         and facts.weight_update_session in (None, *SessionTarget)
         and facts.session_returns_to in (None, *(state.value for state in State))
         and isinstance(facts.weights_before_sleep, str | None)
+        and isinstance(facts.weights_partial_after, str | None)
     )

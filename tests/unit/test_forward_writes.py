@@ -12,6 +12,8 @@ from proxy.engine import Engine
 from proxy.front.exchange import Exchange, Forward
 from proxy.front.request_reader import ParsedRequest
 from proxy.lifecycle.gate import Ticket
+from proxy.lifecycle.weight_version import WeightVersions
+from proxy.observe.version_metrics import EngineVersionMetrics
 from proxy.upstream.pool import UpstreamConnection, UpstreamPool
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -70,11 +72,16 @@ def _engine() -> Engine:
         upstream_latency=lambda seconds: None,
         request_duration=lambda route_class, seconds: None,
         inference_finished=lambda outcome, seconds: None,
+        versions=SimpleNamespace(request_ended=lambda lag, tokens: None),
     )
     upstream = SimpleNamespace(host=b"vllm:8000", basic_auth=None, origins=(), pool=None)
     inflight = SimpleNamespace(add=lambda exchange: None, discard=lambda exchange: None)
-    coordinator = SimpleNamespace(record=SimpleNamespace(prefix_partition=None))
-    return cast(Engine, SimpleNamespace(metrics=quiet, upstream=upstream, inflight=inflight, coordinator=coordinator))
+    versions = WeightVersions(cast(EngineVersionMetrics, SimpleNamespace(generation=lambda g: None)), lambda: None)
+    coordinator = SimpleNamespace(record=SimpleNamespace(prefix_partition=None), versions=versions)
+    engine = SimpleNamespace(
+        name="default", metrics=quiet, upstream=upstream, inflight=inflight, coordinator=coordinator
+    )
+    return cast(Engine, engine)
 
 
 def _request() -> ParsedRequest:
