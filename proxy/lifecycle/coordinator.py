@@ -102,7 +102,7 @@ class LifecycleCoordinator:
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
         self._weights = WeightUpdates(
-            settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead, self.versions
+            settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead, self.versions, verifier
         )
         self._sleep = SleepOperations(
             settings,

@@ -286,9 +286,9 @@ class WeightChecksums:
         finally:
             self.last_seconds = time.monotonic() - started
 
-    def lie_caught(self, operation: str) -> None:
-        """`operation` answered 200 and the weights' checksums proved it untrue."""
-        self._metrics.lie_caught(operation, CheckName.WEIGHTS)
+    def lie_caught(self, operation: str, check: CheckName = CheckName.WEIGHTS) -> None:
+        """`operation` answered 200 and the weights' checksums (or `check`) proved it untrue."""
+        self._metrics.lie_caught(operation, check)
 
     def _report(self, check: Check) -> Check:
         self.last, self.last_at = check, time.time()

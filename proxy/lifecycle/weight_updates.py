@@ -30,9 +30,9 @@ from ..upstream.control_client import Reply
 from .calls import LifecycleCall
 from .engine_calls import EngineCalls
 from .record import EngineRecord
-from .rules import START_OPERATIONS, SessionTarget, Staleness
+from .rules import START_OPERATIONS, FailureKind, SessionTarget, Staleness
 from .states import State
-from .verifier import CheckName, CheckResult
+from .verifier import AdapterMark, CheckName, CheckResult, Verifier
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .weight_version import WeightVersions, label_sent, with_label
 from .worker_rpcs import RpcKind
@@ -61,7 +61,9 @@ class WeightUpdates:
         checksums: WeightChecksums,
         write_ahead: Callable[..., None],
         versions: WeightVersions,
+        verifier: Verifier,
     ) -> None:
+        self._verifier = verifier
         self._settings = settings
         self._versions = versions
         # The open session's chunk that failed mid-way: vLLM's worker ended the session there.
@@ -261,14 +263,35 @@ class WeightUpdates:
             await self._checksums.before_weights_change()
         if call.rpc_method == RESET_RPC:
             self._record.weights_reset()
+        after_discard = self._record.weights_stale is Staleness.DISCARDED
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
             await self._check_reload(call)
+            # Checked while inference is still held: the level-2 wake could not check the adapters.
+            lost = await self._verifier.adapters_lost_in_reload() if after_discard else {}
             self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
+            if lost:
+                self._adapters_lost(call, lost)
             await self._label_vllm()
         elif call.rpc_kind is RpcKind.ARM_ADAPTER_ROUND:
             self._record.adapter_round_armed = True
         return reply
+
+    def _adapters_lost(self, call: LifecycleCall, lost: dict[str, tuple[AdapterMark, str]]) -> NoReturn:
+        """A LoRA adapter served before a level-2 sleep is gone, or answers as the base model, once the weights are
+        back: FAILED (`lora`) as after a wake that lost it (sleep_operations.py), until it is loaded again."""
+        self._verifier.adapters_lost(lost)
+        detail = "; ".join(problem for _, problem in lost.values())
+        detail += " (vLLM #53888); load it again (/v1/load_lora_adapter) or unload it"
+        self._record.set_failed(
+            FailureKind.LORA, f"a LoRA adapter served before the level-2 sleep is lost after the reload: {detail}"
+        )
+        self._checksums.lie_caught(call.op, CheckName.LORA)
+        raise VerificationFailed(
+            f"vLLM answered /collective_rpc {call.rpc_method} 200 but lora check failed: {detail}",
+            check=CheckName.LORA,
+            verification=f"{CheckName.LORA}={CheckResult.FAIL}",
+        )
 
     async def _check_reload(self, call: LifecycleCall) -> None:
         """A reload of the checkpoint must produce the checkpoint's checksums; if not, the weights stay held."""
