@@ -18,13 +18,24 @@ from ..observe.version_metrics import EngineVersionMetrics
 log = logging.getLogger("lifeguard.forward")
 
 _ASKED = b'"return_weight_versions"'
-_SPANS = b'"weight_versions":'
 _EVENT_END = b"\n\n"
 _DATA = b"data: "
+_DONE = b"data: [DONE]"
 _STREAM_USAGE = b'"usage":{'
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _LENGTH = re.compile(rb"\r\ncontent-length: *\d+", re.IGNORECASE)
 HEADER = b"X-Lifeguard-Weight-Version: "
+
+
+def _tokens_of(choice: dict[str, object]) -> int:
+    """The tokens one choice of an answer (or of a stream's event) carries: its `token_ids` (`return_token_ids`), else
+    one for a piece of text (vLLM streams one token a step, and holds back none but a partial character's)."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    delta = choice.get("delta")
+    text = choice.get("text") if "text" in choice else (delta.get("content") if isinstance(delta, dict) else None)
+    return 1 if text else 0
 
 
 def asked_for_spans(body: bytes) -> bool:
@@ -39,7 +50,7 @@ def asked_for_spans(body: bytes) -> bool:
 
 
 class VersionStamp:
-    __slots__ = ("_versions", "dispatched", "asked", "_tail", "_events", "_tokens")
+    __slots__ = ("_versions", "dispatched", "asked", "_tail", "_events", "_tokens", "_spans")
 
     def __init__(self, versions: WeightVersions, body: bytes) -> None:
         self._versions = versions
@@ -48,6 +59,8 @@ class VersionStamp:
         self._tail = b""  # an SSE event not whole yet (only for a stream that asked)
         self._events = 0
         self._tokens: int | None = None
+        # A stream that asked, on a vLLM that gives no spans: each choice's spans as its tokens were relayed.
+        self._spans: dict[int, list[tuple[str, int, int]]] | None = None
 
     @property
     def header_line(self) -> bytes:
@@ -55,19 +68,19 @@ class VersionStamp:
 
     # ----- the answer's bytes
     def whole(self, head: bytes, body: bytes) -> tuple[bytes, bytes]:
-        """A whole (non-stream) answer: its usage read; for a request that asked, its spans' labels vouched (the head's
-        Content-Length follows the body)."""
+        """A whole (non-stream) answer: its usage read; for a request that asked, its spans' labels vouched, or (vLLM
+        0.32, no spans) spans of the proxy's own (the head's Content-Length follows the body)."""
         self._read_usage(body)
-        if not self.asked or _SPANS not in body:
+        if not self.asked:
             return head, body
-        relabelled = self._relabel_json(body)
+        relabelled = self._rewritten(body, whole=True)
         if relabelled is None:
             return head, body
         return _LENGTH.sub(b"\r\nContent-Length: %d" % len(relabelled), head, count=1), relabelled
 
     def stream(self, data: bytes) -> bytes:
-        """A piece of an SSE stream: counted; for a request that asked, whole events go out with their spans vouched,
-        the rest waits for its end."""
+        """A piece of an SSE stream: counted; for a request that asked, whole events go out with their spans vouched
+        (or made, on vLLM 0.32), the rest waits for its end."""
         self._events += data.count(_DATA)
         if _STREAM_USAGE in data:  # stream_options.include_usage: its tokens, exactly
             self._read_usage(data)
@@ -79,10 +92,7 @@ class VersionStamp:
             self._tail = data
             return b""
         self._tail = data[cut + 2 :]
-        events = data[: cut + 2]
-        if _SPANS not in events:
-            return events
-        return _EVENT_END.join(self._event(event) for event in events.split(_EVENT_END))
+        return _EVENT_END.join(self._event(event) for event in data[: cut + 2].split(_EVENT_END))
 
     def stream_end(self) -> bytes:
         """What is left of a stream that asked, at its end."""
@@ -90,13 +100,16 @@ class VersionStamp:
         return tail
 
     def _event(self, event: bytes) -> bytes:
-        if not event.startswith(_DATA) or _SPANS not in event:
+        if not event.startswith(_DATA) or event.startswith(_DONE):
             return event
-        self._read_usage(event)
-        relabelled = self._relabel_json(event[len(_DATA) :])
-        return event if relabelled is None else _DATA + relabelled
+        rewritten = self._rewritten(event[len(_DATA) :], whole=False)
+        return event if rewritten is None else _DATA + rewritten
 
-    def _relabel_json(self, raw: bytes) -> bytes | None:
+    def _rewritten(self, raw: bytes, *, whole: bool) -> bytes | None:
+        """An answer (or a stream's event) with every choice's spans vouched: vLLM's relabelled where it gave them;
+        else, as vLLM 0.32 gives none, the proxy's own at a choice's end (a stream: each token under the version that
+        was the newest when it was relayed, which a keep-mode update splits exactly: nothing is produced between the
+        pause and the resume; a whole answer: one span, unless the weights changed while it ran). None: unchanged."""
         try:
             payload = json.loads(raw)
         except ValueError:
@@ -105,11 +118,41 @@ class VersionStamp:
         if not isinstance(choices, list):
             return None
         lived = self._versions.since(self.dispatched.generation)
+        changed = False
         for choice in choices:
-            spans = choice.get("weight_versions") if isinstance(choice, dict) else None
+            if not isinstance(choice, dict):
+                continue
+            spans = choice.get("weight_versions")
             if isinstance(spans, list):
                 choice["weight_versions"] = vouched_spans(spans, lived)
-        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+                changed = True
+                continue
+            index = choice.get("index", 0)
+            if whole:
+                ids = choice.get("token_ids")
+                tokens = len(ids) if isinstance(ids, list) else self._tokens if len(choices) == 1 else None
+                if "weight_versions" not in choice and len(lived) == 1 and tokens is not None:
+                    choice["weight_versions"] = [{"version": self.dispatched.label, "start": 0, "end": tokens}]
+                    changed = True
+                continue
+            made = self._relayed(index, _tokens_of(choice))
+            if choice.get("finish_reason") is not None and "weight_versions" not in choice:
+                choice["weight_versions"] = [{"version": label, "start": a, "end": b} for label, a, b in made]
+                changed = True
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() if changed else None
+
+    def _relayed(self, index: int, tokens: int) -> list[tuple[str, int, int]]:
+        """`tokens` of choice `index` relayed now, under the newest version: its spans so far."""
+        if self._spans is None:
+            self._spans = {}
+        spans = self._spans.setdefault(index, [])
+        if tokens:
+            label, end = self._versions.current.label, spans[-1][2] if spans else 0
+            if spans and spans[-1][0] == label:
+                spans[-1] = (label, spans[-1][1], end + tokens)
+            else:
+                spans.append((label, end, end + tokens))
+        return spans
 
     def _read_usage(self, data: bytes) -> None:
         found = _USAGE.search(data)

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lifeguard_sim.app import SimSettings
 from tests.conformance.api import StreamResult, VllmApi, settled_chunks
 from tests.e2e.conftest import FAST_SIM, Stack
@@ -76,8 +78,15 @@ async def test_a_label_set_behind_the_proxys_back_is_not_what_the_spans_say(make
     assert '"weight_versions":[{"version":"v1","start":0,"end":3}]' in text and "v9" not in text
 
 
-async def test_a_stream_across_a_keep_mode_update_is_split_where_the_new_weights_began(make_stack: Any) -> None:
-    stack: Stack = await make_stack(SimSettings(**{**SIM_033.__dict__, "token_seconds": 0.004}))
+@pytest.mark.parametrize("vllm_version", ["0.33", "0.32"])
+async def test_a_stream_across_a_keep_mode_update_is_split_where_the_new_weights_began(
+    make_stack: Any, vllm_version: str
+) -> None:
+    """0.33: vLLM's spans, relabelled; 0.32 gives none: the proxy's own, from the tokens it relayed before the pause
+    and after the resume, are the same spans, token for token."""
+    stack: Stack = await make_stack(
+        SimSettings(**{**FAST_SIM.__dict__, "vllm_version": vllm_version, "token_seconds": 0.004})
+    )
     api = VllmApi(stack.client.session, str(stack.client.make_url("")), "tiny")
     result = StreamResult()
     stream = asyncio.create_task(api.stream_completion(result, max_tokens=60, return_weight_versions=True))
@@ -154,3 +163,11 @@ async def test_the_version_outlives_a_proxy_restart(make_stack: Any, serve_lifeg
     assert resp.status == 200 and resp.headers[HEADER] == "v5"
     version = (await (await restarted.get("/lifeguard/state")).json())["weight_version"]
     assert (version["generation"], version["label"]) == (1, "v5")
+
+
+async def test_on_vllm_032_a_whole_answer_that_asked_gets_the_proxys_own_span(make_stack: Any) -> None:
+    stack: Stack = await make_stack(SimSettings(**{**FAST_SIM.__dict__, "vllm_version": "0.32"}))
+    assert (await _session(stack, "v1")).status == 200
+    assert await _asked(stack, max_tokens=5) == ("v1", [{"version": "v1", "start": 0, "end": 5}])
+    plain = await stack.completion()
+    assert "weight_versions" not in (await plain.json())["choices"][0]  # not asked: vLLM 0.32's answer as it was
