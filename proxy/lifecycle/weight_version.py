@@ -3,7 +3,8 @@
 Sans-IO. A generation advances exactly when the engine's weights change (the prefix cache's rule: a session that wrote
 the model, a one-call update, a reload, a LoRA adapter replaced in place, a restarted vLLM), bound to the trainer's
 label when it sent one, else to the proxy's own, and to the digest of vLLM's checksums where they were taken. A label
-never advances onto partial weights (a failed chunk). Kept in the state file. docs/verification.md ("Weight versions").
+never advances onto partial weights (a failed chunk). Kept in the state file. docs/guides/weight-versions.md,
+docs/verification.md (classes 25-27).
 """
 
 from __future__ import annotations
