@@ -203,7 +203,9 @@ class WeightUpdates:
         # loop leaves a session alone. Its flags, read under the lock before the gate lets anything go, decide.
         await self._calls.adopt_observed(self._record.return_state)
         if wrote_model:  # after the gate let inference go again: a report, never a reason to hold it
+            reads = self._checksums.reads
             await self._checksums.session_finished()
+            self._bind_digest(reads)
         return reply
 
     async def _finish_partial(self, call: LifecycleCall) -> NoReturn:
@@ -243,6 +245,11 @@ class WeightUpdates:
                     extra={"event": "weights_partial"})  # fmt: skip
         return failed
 
+    def _bind_digest(self, reads_before: int) -> None:
+        """vLLM's checksums read since `reads_before` (after the change) are the new version's."""
+        if self._checksums.reads != reads_before and self._checksums.last_digest is not None:
+            self._versions.digested(self._checksums.last_digest)
+
     async def _label_vllm(self) -> None:
         """After a change that carries no label (a reload, a one-call update): vLLM is told the vouched one, so its own
         spans and `/weight_info` name these weights. Best effort: the proxy's relabelling of spans covers a miss."""
@@ -266,10 +273,12 @@ class WeightUpdates:
         after_discard = self._record.weights_stale is Staleness.DISCARDED
         reply = await self._calls.post(call, "/collective_rpc", hint=self._record.state)
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
+            reads = self._checksums.reads
             await self._check_reload(call)
             # Checked while inference is still held: the level-2 wake could not check the adapters.
             lost = await self._verifier.adapters_lost_in_reload() if after_discard else {}
             self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
+            self._bind_digest(reads)
             if lost:
                 self._adapters_lost(call, lost)
             await self._label_vllm()

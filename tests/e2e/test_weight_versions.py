@@ -171,3 +171,14 @@ async def test_on_vllm_032_a_whole_answer_that_asked_gets_the_proxys_own_span(ma
     assert await _asked(stack, max_tokens=5) == ("v1", [{"version": "v1", "start": 0, "end": 5}])
     plain = await stack.completion()
     assert "weight_versions" not in (await plain.json())["choices"][0]  # not asked: vLLM 0.32's answer as it was
+
+
+async def test_a_version_is_bound_to_the_digest_of_vllms_checksums_read_after_its_change(make_stack: Any) -> None:
+    stack: Stack = await make_stack(SIM_033, weight_checksums="always")
+    assert (await stack.state())["weight_version"]["digest"] is None  # generation 0: nothing read after a change
+    assert (await _session(stack, "v1")).status == 200
+    first = (await stack.state())["weight_version"]
+    assert first["label"] == "v1" and isinstance(first["digest"], str)
+    assert (await _session(stack, "v2")).status == 200
+    second = (await stack.state())["weight_version"]
+    assert second["generation"] == 2 and second["digest"] not in (None, first["digest"])
