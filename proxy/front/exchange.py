@@ -211,6 +211,8 @@ class Forward(Answering):
             partition = self._engine.coordinator.record.prefix_partition
             if partition is not None and request.route is not None and request.route.path in SALTED_PATHS:
                 body = salted(body, partition.salt)
+            if self._stamp is not None and self._stamp.asked:
+                body = self._stamp.request_body(body)
         if body or request.method not in (b"GET", b"HEAD"):
             lines.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(lines) + b"\r\n\r\n" + body

@@ -50,7 +50,7 @@ def asked_for_spans(body: bytes) -> bool:
 
 
 class VersionStamp:
-    __slots__ = ("_versions", "dispatched", "asked", "_tail", "_events", "_tokens", "_spans")
+    __slots__ = ("_versions", "dispatched", "asked", "_tail", "_events", "_tokens", "_spans", "_counted", "_usage")
 
     def __init__(self, versions: WeightVersions, body: bytes) -> None:
         self._versions = versions
@@ -61,10 +61,30 @@ class VersionStamp:
         self._tokens: int | None = None
         # A stream that asked, on a vLLM that gives no spans: each choice's spans as its tokens were relayed.
         self._spans: dict[int, list[tuple[str, int, int]]] | None = None
+        # Each choice's tokens as vLLM's continuous usage counted them; what usage the client itself asked for.
+        self._counted: dict[int, int] = {}
+        self._usage: tuple[bool, bool] | None = None
 
     @property
     def header_line(self) -> bytes:
         return HEADER + self.dispatched.header_value
+
+    # ----- the request's bytes
+    def request_body(self, body: bytes) -> bytes:
+        """A stream that asked is sent with vLLM's continuous usage (`stream_options`): each chunk then counts its
+        choice's tokens so far, exact where a lagging reader gets several tokens in one chunk. What the client did not
+        ask for of it is taken out of the events again (`_rewritten`)."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(payload, dict) or payload.get("stream") is not True:
+            return body
+        options = payload.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        self._usage = (options.get("include_usage") is True, options.get("continuous_usage_stats") is True)
+        payload["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
     # ----- the answer's bytes
     def whole(self, head: bytes, body: bytes) -> tuple[bytes, bytes]:
@@ -92,17 +112,21 @@ class VersionStamp:
             self._tail = data
             return b""
         self._tail = data[cut + 2 :]
-        return _EVENT_END.join(self._event(event) for event in data[: cut + 2].split(_EVENT_END))
+        events = (self._event(event) for event in data[: cut + 2].split(_EVENT_END))
+        return _EVENT_END.join(event for event in events if event is not None)
 
     def stream_end(self) -> bytes:
         """What is left of a stream that asked, at its end."""
         tail, self._tail = self._tail, b""
         return tail
 
-    def _event(self, event: bytes) -> bytes:
+    def _event(self, event: bytes) -> bytes | None:
+        """One event of a stream that asked, rewritten; None: the usage chunk only the proxy asked for."""
         if not event.startswith(_DATA) or event.startswith(_DONE):
             return event
         rewritten = self._rewritten(event[len(_DATA) :], whole=False)
+        if rewritten == b"":
+            return None
         return event if rewritten is None else _DATA + rewritten
 
     def _rewritten(self, raw: bytes, *, whole: bool) -> bytes | None:
@@ -117,8 +141,16 @@ class VersionStamp:
         choices = payload.get("choices") if isinstance(payload, dict) else None
         if not isinstance(choices, list):
             return None
-        lived = self._versions.since(self.dispatched.generation)
         changed = False
+        usage = payload.get("usage") if not whole else None
+        if self._usage is not None and "usage" in payload:
+            if not choices and not self._usage[0]:
+                return b""  # the usage chunk the proxy asked for
+            if choices and not self._usage[1]:
+                del payload["usage"]
+                changed = True
+        counted = usage.get("completion_tokens") if isinstance(usage, dict) and len(choices) == 1 else None
+        lived = self._versions.since(self.dispatched.generation)
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
@@ -135,7 +167,11 @@ class VersionStamp:
                     choice["weight_versions"] = [{"version": self.dispatched.label, "start": 0, "end": tokens}]
                     changed = True
                 continue
-            made = self._relayed(index, _tokens_of(choice))
+            if isinstance(counted, int):  # continuous usage: this choice's tokens so far
+                tokens, self._counted[index] = counted - self._counted.get(index, 0), counted
+            else:
+                tokens = _tokens_of(choice)
+            made = self._relayed(index, tokens)
             if choice.get("finish_reason") is not None and "weight_versions" not in choice:
                 choice["weight_versions"] = [{"version": label, "start": a, "end": b} for label, a, b in made]
                 changed = True
