@@ -12,7 +12,7 @@ import json
 import logging
 import re
 
-from ..lifecycle.weight_version import WeightVersion, WeightVersions, vouched_spans
+from ..lifecycle.weight_version import WeightVersion, WeightVersions, json_object, vouched_spans
 from ..observe.version_metrics import EngineVersionMetrics
 
 log = logging.getLogger("lifeguard.forward")
@@ -40,13 +40,8 @@ def _tokens_of(choice: dict[str, object]) -> int:
 
 def asked_for_spans(body: bytes) -> bool:
     """Whether an inference body asks for `weight_versions` spans (read only when the key is there at all)."""
-    if _ASKED not in body:
-        return False
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(payload, dict) and payload.get("return_weight_versions") is True
+    payload = json_object(body) if _ASKED in body else None
+    return payload is not None and payload.get("return_weight_versions") is True
 
 
 class VersionStamp:
@@ -74,11 +69,8 @@ class VersionStamp:
         """A stream that asked is sent with vLLM's continuous usage (`stream_options`): each chunk then counts its
         choice's tokens so far, exact where a lagging reader gets several tokens in one chunk. What the client did not
         ask for of it is taken out of the events again (`_rewritten`)."""
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return body
-        if not isinstance(payload, dict) or payload.get("stream") is not True:
+        payload = json_object(body)
+        if payload is None or payload.get("stream") is not True:
             return body
         options = payload.get("stream_options")
         options = options if isinstance(options, dict) else {}

@@ -34,7 +34,7 @@ from .rules import START_OPERATIONS, FailureKind, SessionTarget, Staleness
 from .states import State
 from .verifier import AdapterMark, CheckName, CheckResult, Verifier
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
-from .weight_version import WeightVersions, label_sent, with_label
+from .weight_version import WeightVersions, json_object, label_sent, with_label
 from .worker_rpcs import RpcKind
 
 log = logging.getLogger("lifeguard.lifecycle")
@@ -211,8 +211,8 @@ class WeightUpdates:
     async def _finish_partial(self, call: LifecycleCall) -> NoReturn:
         """The session's finish after a failed chunk: it still reaches vLLM (whose worker may hold the session; the
         trainer starts a new one next), without the label, which must not name partial weights; then 409."""
-        body = json.loads(call.body) if label_sent(call.body, "weight_version") is not None else None
-        if isinstance(body, dict):
+        body = json_object(call.body) if label_sent(call.body, "weight_version") is not None else None
+        if body is not None:
             body.pop("weight_version", None)
             call = replace(call, body=json.dumps(body).encode() if body else b"")
         try:

@@ -191,27 +191,28 @@ class WeightVersions:
         return {**self.current.as_dict(), "partial_after": self.partial_after}
 
 
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """A request body as the JSON object it should be; None for anything else (vLLM answers that itself)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
 def label_sent(body: bytes, key: str) -> str | None:
     """The label a `/finish_weight_update` (`weight_version`) or `/update_weight_version` (`new_version`) body
     carries; None when it carries none, or one vLLM would refuse (it answers that itself)."""
-    try:
-        payload = json.loads(body) if body.strip() else None
-    except ValueError:
-        return None
-    value = payload.get(key) if isinstance(payload, dict) else None
+    payload = json_object(body)
+    value = payload.get(key) if payload is not None else None
     return value if isinstance(value, str) else None
 
 
 def with_label(body: bytes, label: str) -> bytes | None:
     """A `/finish_weight_update` body that publishes `label` (an empty body becomes one); None for a body that is not
     a JSON object, left for vLLM to answer."""
-    try:
-        payload = json.loads(body) if body.strip() else {}
-    except ValueError:
-        return None
-    if not isinstance(payload, dict):
-        return None
-    return json.dumps({**payload, "weight_version": label}).encode()
+    payload = json_object(body) if body.strip() else {}
+    return None if payload is None else json.dumps({**payload, "weight_version": label}).encode()
 
 
 def vouched_spans(spans: list[Any], lived: list[WeightVersion]) -> list[Any]:
