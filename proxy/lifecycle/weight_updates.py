@@ -188,9 +188,9 @@ class WeightUpdates:
                 call = replace(call, body=labelled)
         try:
             reply = await self._calls.post(call, "/finish_weight_update", hint=State.UPDATING_WEIGHTS)
-        except UpstreamBadStatus as exc:
+        except UpstreamError as exc:  # the label is not published: a later change must not take it
             self._versions.change_failed()
-            if _says_no_session(exc):
+            if isinstance(exc, UpstreamBadStatus) and _says_no_session(exc):
                 await self._session_lost(exc)
             raise
         wrote_model = self._record.session_target is SessionTarget.MODEL
