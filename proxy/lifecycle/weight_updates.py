@@ -275,8 +275,10 @@ class WeightUpdates:
         if call.rpc_method in self._settings.weight_reload_rpc_methods:
             reads = self._checksums.reads
             await self._check_reload(call)
-            # Checked while inference is still held: the level-2 wake could not check the adapters.
-            lost = await self._verifier.adapters_lost_in_reload() if after_discard else {}
+            # Checked while inference is still held: the level-2 wake could not check the adapters. Not while the KV
+            # cache still sleeps (SkyRL's order: weights, reload, KV cache): no completion could run.
+            checkable = after_discard and not self._record.asleep_tags
+            lost = await self._verifier.adapters_lost_in_reload() if checkable else {}
             self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
             self._bind_digest(reads)
             if lost:
