@@ -222,6 +222,16 @@ class CheckpointPrepared(InvalidTransition):
     advice = "Restore the engine (`POST /checkpoint/restore`), then retry."
 
 
+class WeightsPartial(InvalidTransition):
+    """An /update_weights failed mid-way: the weights are partial and no label may be published onto them."""
+
+    reason = "weights_partial"
+    advice = (
+        "A chunk of the weight update failed and left the weights partial: start a new weight update session "
+        "(or reload the weights); inference is held until then."
+    )
+
+
 class EngineNotChosen(LifeguardError):
     """Several engines are guarded and the request does not say which one it is for."""
 

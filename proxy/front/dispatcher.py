@@ -107,7 +107,7 @@ class Front:
             return SerializedForward(client, request, engine, route.target, plan, drop=request.drop,
                                      tasks=self.engine_set.tasks)  # fmt: skip
         if kind is RouteKind.AT_ONCE:
-            plan = engine.plan_at_once(route.path, route.target)
+            plan = engine.plan_at_once(route.path, route.target, request.whole_body())
             return Forward(client, request, engine, plan.target or route.target, drop=request.drop,
                            on_answer=plan.on_answer)  # fmt: skip
         if kind is RouteKind.UNKNOWN:

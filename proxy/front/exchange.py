@@ -23,6 +23,7 @@ from ..upstream.pool import UpstreamConnection
 from ..upstream.refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .boundary import caught
 from .request_reader import ParsedRequest
+from .versioned import VersionStamp
 from .wire import (
     END_CHUNKS,
     HOP_BY_HOP,
@@ -144,6 +145,7 @@ class Forward(Answering):
         "_probe",
         "_reading",
         "_out",
+        "_stamp",
     )
 
     def __init__(
@@ -180,6 +182,8 @@ class Forward(Answering):
         # here and written once at its end: one system call per read, not one per event (docs/performance.md).
         self._reading = False
         self._out: list[bytes] = []
+        # Inference: the weight version it was dispatched on, and what its answer says of it (versioned.py).
+        self._stamp = VersionStamp(engine.versions, request.whole_body()) if ticket is not None else None
 
     def start(self) -> None:
         if self._ticket is not None:
@@ -204,6 +208,8 @@ class Forward(Answering):
         body = request.whole_body()
         if self._ticket is not None and request.route is not None:
             body = self._engine.body_to_send(request.route.path, body)
+        if self._stamp is not None and self._stamp.asked:
+            body = self._stamp.request_body(body)
         if body or request.method not in (b"GET", b"HEAD"):
             lines.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -276,6 +282,9 @@ class Forward(Answering):
         request = self.request
         if self._stale:
             lines.append(_STALE)
+        stamp = self._stamp
+        if stamp is not None:
+            lines.append(stamp.header_line)
         if request.method == b"HEAD" or status in _NO_BODY_STATUS or status < 200:
             self._framing = b""
         elif length is not None:
@@ -291,7 +300,7 @@ class Forward(Answering):
             lines.append(b"Connection: keep-alive")
         head = b"\r\n".join(lines) + b"\r\n\r\n"
         self._status, self._headers = status, headers
-        if length is not None and length <= _WHOLE_UP_TO and not self._sse:
+        if length is not None and (length <= _WHOLE_UP_TO or (stamp is not None and stamp.asked)) and not self._sse:
             self._buffer = [head]
         elif self._may_refuse() and self._sse and status == 200:
             self._probe = [head, b""]
@@ -325,11 +334,18 @@ class Forward(Answering):
         head, kept = self._probe
         self._probe = None
         self.head_sent = True
+        if kept and self._stamp is not None:
+            kept = self._stamp.stream(kept)
         if kept and self._framing:
             head += chunk(kept) if self._framing == b"chunked" else kept
         self._send(head)
 
     def _write_body(self, data: bytes) -> None:
+        if self._stamp is not None:
+            data = self._stamp.stream(data)
+        self._write_framed(data)
+
+    def _write_framed(self, data: bytes) -> None:
         if self._framing == b"chunked":
             if not data:
                 return
@@ -351,10 +367,14 @@ class Forward(Answering):
             line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
             if line is not None:  # a header line the answer's reader adds, before the head's blank line
                 self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
+            if self._stamp is not None:
+                self._buffer[:] = self._stamp.whole(self._buffer[0], b"".join(self._buffer[1:]))
             self._flush_with(b"".join(self._buffer))
             self._buffer = None
             self.head_sent = True
         else:
+            if self._stamp is not None and (tail := self._stamp.stream_end()):
+                self._write_framed(tail)
             self._flush_with(END_CHUNKS if self._framing == b"chunked" else b"")
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -449,6 +469,8 @@ class Forward(Answering):
             self._ticket.done()
             self._engine.inflight.discard(self)
             metrics.inference_finished(outcome, seconds)
+            if self._stamp is not None:
+                self._stamp.ended(metrics.versions, self._engine.name)
         else:
             metrics.request_duration("passthrough", seconds)
         if self._on_end is not None:

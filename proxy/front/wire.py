@@ -53,6 +53,12 @@ LIFEGUARD_HEADERS: dict[str, str] = {
     "inference is not held for it (after a restart, `hold_while_weights_stale: false`): `true`.",
     "X-Lifeguard-Prefix-Cache": "Response of a client's `/reset_prefix_cache`: `partitioned` while vLLM's prefix cache "
     "may still hold blocks of older weights (admitted inference then carries the proxy's `cache_salt`), else `clean`.",
+    "X-Lifeguard-Weight-Version": "Response of every inference request forwarded: the label of the weight version the "
+    "proxy vouches for when it dispatched the request (the trainer's, else `lifeguard-<generation>`; "
+    "percent-encoded outside printable ASCII). docs/guides/weight-versions.md.",
+    "X-Lifeguard-Weights-Unchanged": "Response of `/update_weight_version`: `true` when the proxy saw no weight change "
+    "since the label was last set (a relabel of the same weights), `false` when it saw one, `unknown` when it cannot "
+    "tell (no label set since it started).",
 }
 END_CHUNKS = b"0\r\n\r\n"
 JSON = b"application/json"

@@ -55,6 +55,7 @@ from .states import State
 from .verifier import Verifier
 from .weight_checksums import WeightChecksums
 from .weight_updates import WEIGHT_OPERATIONS, WeightUpdates
+from .weight_version import WeightVersions
 from .worker_rpcs import RpcKind
 
 log = logging.getLogger("lifeguard.lifecycle")
@@ -96,15 +97,19 @@ class LifecycleCoordinator:
         self._late_rounds = LateReads(settings.late_rounds_before_failed)
         self._pending: dict[tuple[str, tuple[tuple[str, str], ...], bytes], asyncio.Future[Outcome]] = {}
         self.checksums = WeightChecksums(settings, client, metrics)
+        self.versions = WeightVersions(metrics.versions, self._remember)
         self.record = EngineRecord(
             metrics,
             self._refresh_gate,
             on_weights_changed=self._weights_changed,
             on_weights_discarded=self.end_forwarded_requests,
             upstream=settings.upstream_shown or "vLLM",
+            on_new_weights=self.versions.advanced,
         )
         self._calls = EngineCalls(settings, client, verifier, self.record, self.tasks)
-        self._weights = WeightUpdates(settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead)
+        self._weights = WeightUpdates(
+            settings, self.record, self._calls, self._lock, self.checksums, self._write_ahead, self.versions, verifier
+        )
         self._sleep = SleepOperations(
             settings,
             self.record,
@@ -126,6 +131,7 @@ class LifecycleCoordinator:
         previous = self._state_file.load()
         if previous is not None:  # a restarted proxy: what vLLM cannot tell us, as the last one left it
             log.warning("state file read: %s", previous, extra={"event": "state_file_read"})
+            self.versions.remember(previous.weight_version, previous.weights_partial_after)
             if previous.user_pause is not None:
                 self.record.paused_by_user(previous.user_pause)
             if previous.weights_stale is not None:
@@ -148,7 +154,9 @@ class LifecycleCoordinator:
         if self.record.prefix_partition is None:
             # Blocks in vLLM's prefix cache may come from weights this proxy never saw loaded (a change a killed
             # proxy's call made, or one before it started): salted until the first reset, on the first idle round.
-            self.record.weights_committed("the proxy started: cached blocks may be of weights it did not see")
+            self.record.weights_committed(
+                "the proxy started: cached blocks may be of weights it did not see", new_weights=False
+            )
         self._refresh_gate()
 
     @property
@@ -189,6 +197,7 @@ class LifecycleCoordinator:
             },
             "lost_lora_adapters": sorted(self._verifier.lost_adapters),
             "weight_checksums": self.checksums.snapshot(),
+            "weight_version": self.versions.snapshot(),
             "upstream": self._settings.upstream_shown,
             "policies": {
                 "on_sleeping": self._settings.on_sleeping,
@@ -551,7 +560,12 @@ class LifecycleCoordinator:
             self._state_file.save(replace(self._facts(), **changes))
 
     def _facts(self) -> PersistedFacts:
-        return replace(self.record.persisted_facts(), weights_before_sleep=self.checksums.before_sleep_digest)
+        return replace(
+            self.record.persisted_facts(),
+            weights_before_sleep=self.checksums.before_sleep_digest,
+            weight_version=self.versions.current,
+            weights_partial_after=self.versions.partial_after,
+        )
 
 
 def _outcome_of(error: LifeguardError) -> str:

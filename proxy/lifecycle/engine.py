@@ -43,6 +43,7 @@ from .rules import EngineView, control_refusal, serving_refusal
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import resets_weights
+from .weight_version import RELABEL_PATH
 
 T = TypeVar("T")
 
@@ -99,6 +100,8 @@ class Engine:
         self.inflight = InFlightRequests()
         self.coordinator = LifecycleCoordinator(settings, self.client, self.verifier, self.gate, metrics, self.tasks,
                                                 self.inflight)  # fmt: skip
+        # The weight version the proxy vouches for: every inference answer names it (front/versioned.py).
+        self.versions = self.coordinator.versions
         self.policies = Policies(settings, self.coordinator, self.gate, metrics)
         self.gate.on_held_while_sleeping = self.policies.request_held_while_sleeping
         self.unknown_routes = UnknownRoutes(metrics)
@@ -154,11 +157,14 @@ class Engine:
         admitted again, is held, refused or forwarded by what the engine now is."""
         await self.coordinator.engine_refused(refusal)
 
-    def plan_at_once(self, path: str, target: bytes) -> ControlPlan:
+    def plan_at_once(self, path: str, target: bytes, body: bytes) -> ControlPlan:
         """A control call forwarded at once; raises the LifeguardError that refuses it while the engine cannot. A
-        client's prefix-cache reset sent while old-weight blocks may be cached empties the offload tier too."""
+        client's prefix-cache reset sent while old-weight blocks may be cached empties the offload tier too; a
+        relabel's answer says whether the weights changed since the last label."""
         if (refusal := control_refusal(self.coordinator.record.view())) is not None:
             raise refusal
+        if path == RELABEL_PATH:
+            return ControlPlan(self.versions.relabel_answered(body))
         if path != RESET_PATH:
             return _FORWARD_AS_IS
         emptied = None if self.coordinator.record.prefix_partition is None else emptying_both_tiers(target)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .prefix_cache import Partition
 from .rules import Staleness
+from .weight_version import WeightVersion
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class PersistedFacts:
     # One digest of vLLM's weight checksums taken before a level-1 sleep (weight_checksums: always): what its wake must
     # bring back, also when no proxy saw the wake (a proxy killed while it ran, or restarted while vLLM slept).
     weights_before_sleep: str | None = None
+    # The weight version the proxy vouches for (weight_version.py): its generation and label outlive the proxy, and
+    # the call whose failure left the weights partial.
+    weight_version: WeightVersion | None = None
+    weights_partial_after: str | None = None
 
     def __str__(self) -> str:
         """The facts in words, for the log line of a restarted proxy."""
@@ -50,4 +55,8 @@ class PersistedFacts:
             said.append("inference salted apart from the old prefix cache")
         if self.weights_before_sleep is not None:
             said.append("the weights' checksums before the sleep")
+        if self.weight_version is not None:
+            said.append(f"weight version {self.weight_version.label!r} (generation {self.weight_version.generation})")
+        if self.weights_partial_after is not None:
+            said.append(f"weights partial after a failed {self.weights_partial_after}")
         return "; ".join(said)

@@ -51,16 +51,20 @@ class EngineRecord:
         on_weights_changed: Callable[[], None] = lambda: None,
         on_weights_discarded: Callable[[str], None] = lambda _why: None,
         upstream: str = "vLLM",
+        on_new_weights: Callable[[str, str | None], object] = lambda _why, _label: None,
     ) -> None:
         """`on_weights_changed`: the engine's weights are not the ones they were (loaded, discarded, or the
         initial checkpoint of a restarted engine); answers recorded from the old ones no longer apply.
         `on_weights_discarded(why)`: vLLM holds no weights to serve from (a level-2 sleep, a reset, weights that fail
         their checksums): what it queued must not run on, or go on running on, them.
-        `upstream`: vLLM's base URL as it may be shown."""
+        `upstream`: vLLM's base URL as it may be shown. `on_new_weights(why, vllm_label)`: the weights vLLM serves are
+        new ones (the weight version advances, proxy/lifecycle/weight_version.py); `vllm_label`: the label vLLM set
+        itself (a restarted vLLM's `default`), else None."""
         self._metrics = metrics
         self._on_view_change = on_view_change
         self._on_weights_changed = on_weights_changed
         self._on_weights_discarded = on_weights_discarded
+        self._on_new_weights = on_new_weights
         # Set at the next change of state, for whoever waits for the engine to move on (next_state_change).
         self._state_changed: asyncio.Event | None = None
         # The facts beside the state, kept where the rules read them; `state` there is filled in by view().
@@ -216,6 +220,12 @@ class EngineRecord:
         self._on_weights_discarded("the engine's weights failed their checksums after a wake before this request ended")
         self.mark_stale(Staleness.MISMATCH)
 
+    def weights_partial(self) -> None:
+        """An /update_weights failed mid-way (some tensors written, some not, vLLM PR #57854): nothing may run on them
+        until a whole update or a reload; the next generation would fail the engine."""
+        self._on_weights_discarded("an /update_weights failed mid-way before this request ran")
+        self.mark_stale(Staleness.PARTIAL)
+
     def fell_asleep_in_worker(self, tags: frozenset[str]) -> None:
         """A worker RPC freed `tags` behind vLLM's executor while the scheduler is paused (skyrl_sleep_for_weight_sync):
         the weights are discarded for the broadcast to rewrite; the requests frozen by the pause resume on them."""
@@ -266,6 +276,11 @@ class EngineRecord:
         elif target is SessionTarget.LORA_ADAPTER:
             self.weights_committed("a weight update round rebuilt a LoRA adapter")
 
+    def session_abandoned(self) -> None:
+        """The open session ended with nothing loaded (a chunk of it failed): the weights stay as they are marked."""
+        self.session_target = SessionTarget.MODEL
+        self._set(weight_update_active=False)
+
     def single_update_written(self) -> None:
         """A /update_weights outside any session (its own): what it wrote is the model's, unless a round was armed."""
         target = self._round_target(drafter=False)
@@ -298,9 +313,12 @@ class EngineRecord:
             self._metrics.weights_stale(False)
             self._set(weights_stale=None)
 
-    def weights_committed(self, why: str) -> None:
+    def weights_committed(self, why: str, *, new_weights: bool = True) -> None:
         """Weights the engine serves changed (`why`): blocks of its prefix cache computed before are stale from now
-        until a reset of the cache succeeds; each change gets a salt of its own."""
+        until a reset of the cache succeeds; each change gets a salt of its own. `new_weights`: False where only the
+        cache is in doubt (a proxy's start), not the weights."""
+        if new_weights:
+            self._on_new_weights(why, None)
         log.info("prefix cache partitioned: %s", why, extra={"event": "prefix_cache_partitioned", "reason": why})
         self._partition(Partition.after(why))
 
@@ -518,6 +536,7 @@ class EngineRecord:
         # reset zeroed) stay so (inference held until a reload) rather than pass for a fresh checkpoint.
         if self.weights_stale not in WEIGHTLESS:
             self.mark_stale(Staleness.RESTARTED)
+            self._on_new_weights("vLLM restarted: it holds its initial checkpoint", "default")
         log.warning("engine restarted; weights marked stale", extra={"event": "engine_restart"})
 
     # ----- state changes

@@ -53,10 +53,12 @@ class Staleness(enum.StrEnum):
     # vLLM's own checksums (/weight_checker) say the weights are not what they must be: a level-1 wake restored
     # other bytes, or a reload did not produce the checkpoint (proxy/lifecycle/weight_checksums.py)
     MISMATCH = "mismatch"
+    # An /update_weights failed mid-way: some tensors are new, some old or on the meta device (weight_version.py)
+    PARTIAL = "partial"
 
 
 #: Staleness under which vLLM holds no weights to serve from: inference is held until weights are loaded again.
-WEIGHTLESS = frozenset({Staleness.DISCARDED, Staleness.RESET, Staleness.MISMATCH})
+WEIGHTLESS = frozenset({Staleness.DISCARDED, Staleness.RESET, Staleness.MISMATCH, Staleness.PARTIAL})
 
 
 class FailureKind(enum.StrEnum):
@@ -385,6 +387,7 @@ NOT_SERVING_CAUSES = (
     "weights_discarded",
     "weights_reset",
     "weights_mismatch",
+    "weights_partial",
     "weights_stale",
     "swapping_out",
     "scaling",
@@ -450,6 +453,9 @@ def serving_refusal(
         if view.weights_stale is Staleness.MISMATCH:
             why = "vLLM's weight checksums are not what they must be; inference is held until weights are loaded again"
             return NotServing(why, state=state.value, cause="weights_mismatch")
+        if view.weights_stale is Staleness.PARTIAL:
+            why = "an /update_weights failed mid-way; inference is held until a whole weight update or a reload"
+            return NotServing(why, state=state.value, cause="weights_partial")
         why = "vLLM restarted and holds its initial checkpoint; inference is held until a weight update or reload"
         return NotServing(why, state=state.value, cause="weights_stale")
     cause, why = _NOT_SERVING_IN[state]

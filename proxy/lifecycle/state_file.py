@@ -19,6 +19,7 @@ from .persisted_facts import PersistedFacts
 from .prefix_cache import Partition
 from .rules import ALL_SLEEP_TAGS, SessionTarget, Staleness
 from .states import State
+from .weight_version import WeightVersion
 
 log = logging.getLogger("lifeguard.state_file")
 
@@ -55,6 +56,8 @@ class StateFile:
                 weight_update_session=raw.get("weight_update_session"),
                 session_returns_to=raw.get("session_returns_to"),
                 weights_before_sleep=raw.get("weights_before_sleep"),
+                weight_version=WeightVersion.from_dict(raw.get("weight_version")),
+                weights_partial_after=raw.get("weights_partial_after"),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -94,4 +97,5 @@ def _well_formed(facts: PersistedFacts) -> bool:
         and facts.weight_update_session in (None, *SessionTarget)
         and facts.session_returns_to in (None, *(state.value for state in State))
         and isinstance(facts.weights_before_sleep, str | None)
+        and isinstance(facts.weights_partial_after, str | None)
     )

@@ -99,6 +99,10 @@ class Verifier:
         self._before_sleep: dict[str, AdapterMark] = {}
         self.lost_adapters: dict[str, AdapterMark] = {}
         self._adapters_reloaded = False
+        # The adapters recorded when the last sleep began, and the base model's answer then, kept through a level-2
+        # discard for the reload after it: that wake cannot check them (no canary runs on discarded weights).
+        self._kept_for_reload: dict[str, AdapterMark] = {}
+        self._base_at_sleep: CanaryAnswer | None = None
         # The prefix cache's partition (prefix_cache.py) the canary carries while old-weight blocks remain.
         self.cache_salt: str | None = None
         self._last_answer: CanaryAnswer | None = None
@@ -153,9 +157,14 @@ class Verifier:
     def forget_golden(self) -> None:
         """New weights legitimately change the answer: the next passing canary becomes the golden one."""
         self.golden = None
-        self.forget_adapters()
+        self._forget_recorded()
 
     def forget_adapters(self) -> None:
+        """A LoRA load or unload went through: nothing recorded about the adapters holds."""
+        self._forget_recorded()
+        self._kept_for_reload = {}
+
+    def _forget_recorded(self) -> None:
         """The adapters (or the weights under them) changed legitimately: a LoRA load or unload went through, or the
         weights were replaced. Nothing recorded about them holds; the next healthy round records them again."""
         self.adapters = {}
@@ -193,6 +202,39 @@ class Verifier:
     def adapters_before_sleep(self) -> None:
         """A sleep begins: the adapters to find again after the wake are those recorded now."""
         self._before_sleep = dict(self.adapters) if self._settings.lora_check else {}
+        self._kept_for_reload, self._base_at_sleep = dict(self._before_sleep), self.golden or self._last_answer
+        self._adapters_reloaded = False
+
+    async def adapters_lost_in_reload(self) -> dict[str, tuple[AdapterMark, str]]:
+        """After a reload of weights a level-2 sleep discarded: the adapters listed when that sleep began that are gone,
+        or answer as the base model does though they answered apart from it then (vLLM #53888 in a level-2 cycle),
+        each with the problem. Kept by `adapters_lost` once the weights are marked loaded."""
+        kept, base_then = self._kept_for_reload, self._base_at_sleep
+        self._kept_for_reload = {}
+        if not kept or not self._settings.lora_check or not self._settings.canary_enabled:
+            return {}
+        try:
+            listed = await self._listed_adapters()
+            base_now = await self._canary()
+        except (UpstreamError, ValueError, KeyError, TypeError, IndexError):
+            return {}
+        lost: dict[str, tuple[AdapterMark, str]] = {}
+        for name, mark in sorted(kept.items()):
+            if name not in listed:
+                lost[name] = (mark, f"adapter {name!r} (loaded from {mark.root}) is no longer listed by /v1/models")
+            elif mark.golden is not None and base_then is not None and not self._same(mark.golden, base_then):
+                try:
+                    answer = await self._canary(model=name)
+                except (UpstreamError, ValueError, KeyError, TypeError, IndexError):
+                    continue
+                if self._same(answer, base_now):
+                    then = f"before the sleep it answered {mark.golden.text!r}, the base model {base_then.text!r}"
+                    lost[name] = (mark, f"adapter {name!r} answers {answer.text!r} as the base model does; {then}")
+        return lost
+
+    def adapters_lost(self, lost: dict[str, tuple[AdapterMark, str]]) -> None:
+        """`adapters_lost_in_reload` found these: held lost until each is loaded again or unloaded."""
+        self.lost_adapters = {name: mark for name, (mark, _) in lost.items()}
         self._adapters_reloaded = False
 
     async def _listed_adapters(self) -> dict[str, str | None]:
@@ -204,6 +246,7 @@ class Verifier:
     async def _check_adapters(self) -> Check:
         """After a full wake: every adapter listed before the sleep is listed and answers as it did then."""
         before, self._before_sleep = self._before_sleep, {}
+        self._kept_for_reload = {}
         try:
             listed = await self._listed_adapters()
         except (UpstreamError, ValueError) as exc:

@@ -112,6 +112,10 @@ class WeightChecksums:
         self._before_update: Digests | None = None
         self.last: Check | None = None
         self.last_at: float | None = None
+        # One digest of the last checksums read, and how many were read: the weight version binds the one read after
+        # its change (weight_version.py).
+        self.last_digest: str | None = None
+        self.reads = 0
         self.last_seconds: float | None = None
 
     # ----- when the weights are the checkpoint's
@@ -278,7 +282,9 @@ class WeightChecksums:
             )
             if reply.status != 200:
                 return None, f"/weight_checker answered {reply.status}: {reply.message()}"
-            return parse_checksums(reply.json()), None
+            digests = parse_checksums(reply.json())
+            self.last_digest, self.reads = _combined(digests), self.reads + 1
+            return digests, None
         except UpstreamError as exc:
             return None, f"/weight_checker: {exc.message}"
         except ValueError as exc:
@@ -286,9 +292,9 @@ class WeightChecksums:
         finally:
             self.last_seconds = time.monotonic() - started
 
-    def lie_caught(self, operation: str) -> None:
-        """`operation` answered 200 and the weights' checksums proved it untrue."""
-        self._metrics.lie_caught(operation, CheckName.WEIGHTS)
+    def lie_caught(self, operation: str, check: CheckName = CheckName.WEIGHTS) -> None:
+        """`operation` answered 200 and the weights' checksums (or `check`) proved it untrue."""
+        self._metrics.lie_caught(operation, check)
 
     def _report(self, check: Check) -> Check:
         self.last, self.last_at = check, time.time()

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from .request_metrics import CounterFamily, HistogramFamily
+from .version_metrics import VersionFamilies
 
 __all__ = [
     "CHECKS",
@@ -286,6 +287,7 @@ class Metrics:
             e,
             registry=registry,
         )
+        self.versions = VersionFamilies(registry)
         self.prefix_resets = Counter(
             "lifeguard_prefix_cache_resets",
             "Answers of /reset_prefix_cache the proxy read, by who sent it (proxy, client) and what it said "
@@ -440,6 +442,7 @@ class EngineMetrics:
         self._unchanged_updates = family.unchanged_updates.labels(engine)
         self._prefix_partitioned = family.prefix_partitioned.labels(engine)
         self._stalled = family.stalled.labels(engine)
+        self.versions = family.versions.bind(engine)
         self._prefix_resets = {
             (by, result): family.prefix_resets.labels(engine, by, result)
             for by, result in itertools.product(("proxy", "client"), ("cleared", "not_cleared", "unknown"))

@@ -108,3 +108,35 @@ async def test_the_sdks_retry_waits_out_retry_after(make_stack: Callable[..., Aw
     retry_after = float(raised.value.response.headers["Retry-After"])
     assert len(arrivals) == 2, "one attempt and one retry"
     assert arrivals[1] - arrivals[0] >= 0.3 + retry_after * 0.9, "the SDK retried before Retry-After"
+
+
+async def _json_call(stack: Stack, path: str, body: object) -> int:
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout()) as session,
+        session.post(f"{stack.url}{path}", json=body) as response,
+    ):
+        return response.status
+
+
+@pytest.mark.parametrize("vllm_version", ["0.33", "0.32"])
+async def test_the_sdk_reads_the_vouched_weight_version_from_the_header_and_the_spans(
+    make_stack: Callable[..., Awaitable[Stack]], vllm_version: str
+) -> None:
+    """The SDK's own parsing (its SSE decoder, its models' extra fields) of what the proxy writes: vLLM 0.33's spans
+    relabelled, vLLM 0.32's made by the proxy (docs/guides/weight-versions.md)."""
+    stack = await make_stack(sim={"vllm_version": vllm_version})
+    asked = {"extra_body": {"return_weight_versions": True, "ignore_eos": True}}
+    async with sdk(stack) as client:
+        raw = await client.completions.with_raw_response.create(model=MODEL, prompt="Count:", max_tokens=4, **asked)
+        assert raw.headers["x-lifeguard-weight-version"] == "lifeguard-0"
+        spans = raw.parse().choices[0].model_extra["weight_versions"]
+        assert spans == [{"version": "lifeguard-0", "start": 0, "end": 4}]
+        for path, body in (("/start_weight_update", None), ("/update_weights", {"update_info": {}})):
+            assert await _json_call(stack, path, body) == 200
+        assert await _json_call(stack, "/finish_weight_update", {"weight_version": "step-1"}) == 200
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True, **asked
+        )
+        finishing = [chunk.choices[0] async for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
+        assert finishing[-1].model_extra["weight_versions"] == [{"version": "step-1", "start": 0, "end": 5}]
+    await stack.assert_clean()

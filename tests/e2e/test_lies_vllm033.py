@@ -106,20 +106,14 @@ async def test_12_a_lora_reload_inside_the_weight_sync_is_not_a_loss(make_stack:
     assert "lora" not in wake.headers["X-Lifeguard-Verified"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="no LoRA check after a level-2 sleep: its wake skips the canaries (weights discarded) and the reload "
-    "forgets what was recorded, so an adapter lost in that wake is served as the base model (docs/verification.md, "
-    "class 12)",
-)
 async def test_12_an_adapter_lost_in_the_wake_after_a_level_2_sleep_is_not_served_as_the_base_model(
     make_stack: Any, tmp_path: Path
 ) -> None:
     """Found with issue 49: on vLLM-for-CPU the adapter survives a level-2 cycle (tests/vllm/test_vllm_lora.py), but
     the wake that loses it (vLLM #53888, the simulator's `lose-lora`) after a level-2 sleep goes unseen: the wake
     cannot run a canary on discarded weights, the reload brings the base weights back, and the adapter, still
-    listed, answers as the base model. Wanted: the reload (or the first request for the adapter) says it is lost."""
+    listed, answers as the base model. The reload now checks the adapters recorded when the sleep began, while inference
+    is still held: one that answered apart from the base model then and as it now is lost, as after a level-1 wake."""
     stack: Stack = await make_stack(LORA_SIM)
     await _load_adapter(stack, _adapter_dir(tmp_path))
     base, tuned = await _answer(stack, "tiny"), await _answer(stack, "sql")
@@ -133,6 +127,17 @@ async def test_12_an_adapter_lost_in_the_wake_after_a_level_2_sleep_is_not_serve
 
     answer = await _answer(stack, "sql")
     assert answer != base, f"after the reload ({reload.status}) the adapter is served answering as the base model"
+    assert reload.status == 503
+    error = (await reload.json())["error"]
+    assert error["reason"] == "verification_failed" and "adapter 'sql' answers" in error["message"]
+    snapshot = await stack.state()
+    assert (snapshot["state"], snapshot["failure"], snapshot["lost_lora_adapters"]) == ("FAILED", "lora", ["sql"])
+    assert answer[0] == 503
+
+    await _load_adapter(stack, tmp_path, again=True)  # the way back, as after a level-1 wake
+    await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 2)
+    assert await _answer(stack, "sql") == tuned
+    assert stack.sim.state_dict()["violations"] == []
 
 
 # ----- 13: elastic EP scaling, never trusted from /health

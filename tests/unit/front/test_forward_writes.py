@@ -16,6 +16,8 @@ from proxy.lifecycle.engine import Engine
 from proxy.lifecycle.gate import RequestGate
 from proxy.lifecycle.inflight import InFlightRequests
 from proxy.lifecycle.rules import Admission
+from proxy.lifecycle.weight_version import WeightVersions
+from proxy.observe.version_metrics import EngineVersionMetrics
 from proxy.upstream.pool import UpstreamConnection, UpstreamPool
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -72,12 +74,16 @@ def _engine() -> Engine:
         upstream_latency=lambda seconds: None,
         request_duration=lambda route_class, seconds: None,
         inference_finished=lambda outcome, seconds: None,
+        versions=SimpleNamespace(request_ended=lambda lag, tokens: None),
     )
     upstream = SimpleNamespace(host=b"vllm:8000", basic_auth=None, origins=(), pool=None)
+    versions = WeightVersions(cast(EngineVersionMetrics, SimpleNamespace(generation=lambda g: None)), lambda: None)
     coordinator = SimpleNamespace(record=SimpleNamespace(prefix_partition=None))
-    return cast(
-        Engine, SimpleNamespace(metrics=quiet, upstream=upstream, inflight=InFlightRequests(), coordinator=coordinator)
-    )
+    engine = SimpleNamespace(
+        name="default", metrics=quiet, upstream=upstream, inflight=InFlightRequests(), coordinator=coordinator,
+        versions=versions,
+    )  # fmt: skip
+    return cast(Engine, engine)
 
 
 def _request() -> ParsedRequest:
