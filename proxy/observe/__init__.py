@@ -4,6 +4,6 @@ Owns: the Prometheus registry and every series (`metrics`, `request_metrics`), t
 routes no table classifies (`unknown_routes`), `vllm-lifeguard status` (`status_cli`) and the admin token a
 command-line client sends (`admin_token`). Decides nothing.
 May import: nothing of the proxy.
-Door: metrics, version_metrics (the weight versions' families), logs, unknown_routes, status_cli (the command), admin_token
-(what a command-line client sends).
+Door: metrics, version_metrics (the weight versions' families), logs, unknown_routes, status_cli (the command),
+admin_token (what a command-line client sends).
 """
