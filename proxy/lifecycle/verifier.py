@@ -50,12 +50,19 @@ class CanaryAnswer:
     logprob: float
 
 
+#: The canary of an adapter whose one-token answer is the base model's: one token could not tell it from the base
+#: model it turns into when a wake loses it (vLLM #53888), so it is asked for this many.
+ADAPTER_CANARY_TOKENS = 8
+
+
 @dataclass(frozen=True)
 class AdapterMark:
-    """A LoRA adapter as last seen healthy: where vLLM loaded it from, and its canary answer (None: not recorded)."""
+    """A LoRA adapter as last seen healthy: where vLLM loaded it from, and its canary answer (None: not recorded), of
+    `tokens` tokens."""
 
     root: str | None
     golden: CanaryAnswer | None = None
+    tokens: int = 1
 
 
 def listed_adapters(payload: object) -> dict[str, str | None]:
@@ -190,12 +197,17 @@ class Verifier:
                 continue
             if answered >= self._settings.lora_canary_max_adapters:
                 break
+            tokens = 1
             try:
                 answer = await self._canary(model=name)
+                base = self.golden or self._last_answer
+                if base is not None and self._same(answer, base):  # a loss would go unseen: ask for more tokens
+                    tokens = ADAPTER_CANARY_TOKENS
+                    answer = await self._canary(model=name, tokens=tokens)
             except (UpstreamError, ValueError, KeyError, TypeError, IndexError):
                 continue
             if math.isfinite(answer.logprob):
-                marks[name] = AdapterMark(mark.root, answer)
+                marks[name] = AdapterMark(mark.root, answer, tokens)
                 answered += 1
         self.adapters = marks
 
@@ -224,10 +236,11 @@ class Verifier:
                 lost[name] = (mark, f"adapter {name!r} (loaded from {mark.root}) is no longer listed by /v1/models")
             elif mark.golden is not None and base_then is not None and not self._same(mark.golden, base_then):
                 try:
-                    answer = await self._canary(model=name)
+                    answer = await self._canary(model=name, tokens=mark.tokens)
+                    base = base_now if mark.tokens == 1 else await self._canary(tokens=mark.tokens)
                 except (UpstreamError, ValueError, KeyError, TypeError, IndexError):
                     continue
-                if self._same(answer, base_now):
+                if self._same(answer, base):
                     then = f"before the sleep it answered {mark.golden.text!r}, the base model {base_then.text!r}"
                     lost[name] = (mark, f"adapter {name!r} answers {answer.text!r} as the base model does; {then}")
         return lost
@@ -275,7 +288,7 @@ class Verifier:
         if mark.golden is None:
             return None
         try:
-            answer = await self._canary(model=name)
+            answer = await self._canary(model=name, tokens=mark.tokens)
         except (UpstreamError, ValueError, KeyError, TypeError, IndexError) as exc:
             return f"adapter {name!r}: its canary completion failed: {exc}"
         if self._same(answer, mark.golden):
@@ -436,9 +449,10 @@ class Verifier:
         key = self._settings.upstream_api_key
         return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else None
 
-    async def _canary(self, model: str | None = None) -> CanaryAnswer:
-        """The canary completion, of the base model or (`model`) of one LoRA adapter."""
-        choice = await self.canary_choice(model)
+    async def _canary(self, model: str | None = None, *, tokens: int = 1) -> CanaryAnswer:
+        """The canary completion, of the base model or (`model`) of one LoRA adapter, `tokens` long (the logprob
+        is the first token's)."""
+        choice = await self.canary_choice(model, **({"max_tokens": tokens} if tokens != 1 else {}))
         logprob = choice["logprobs"]["token_logprobs"][0]
         return CanaryAnswer(str(choice["text"]), float("nan") if logprob is None else float(logprob))
 

@@ -36,6 +36,8 @@ class FakeVllm:
     models_status: int = 200
     models_body: bytes | None = None
     completions: list[str] = field(default_factory=list)
+    # What a model answers when asked for more than one token (the first token and logprob as in `answers`).
+    longer: dict[str, str] = field(default_factory=dict)
 
     async def observe(self) -> Observation:
         return AWAKE
@@ -49,6 +51,8 @@ class FakeVllm:
         model = kwargs["json_body"]["model"]
         self.completions.append(model)
         text, logprob = self.answers[model] if model in self.adapters or model == "tiny" else (" ?", -9.0)
+        if kwargs["json_body"]["max_tokens"] > 1:
+            text = self.longer[model]
         body = {"choices": [{"text": text, "logprobs": {"token_logprobs": [logprob]}}]}
         return Reply(200, json.dumps(body).encode(), "application/json")
 
@@ -115,6 +119,19 @@ async def test_an_adapter_that_answers_like_the_base_model_after_the_wake_fails_
     assert "adapter 'sql' answers ' Paris' (-0.500) as the base model does" in result[1]
     assert "before the sleep it answered ' SELECT'" in result[1]
     assert verdict.failed is not None and verdict.failed.value == ["sql"]
+
+
+async def test_an_adapter_whose_first_token_is_the_base_models_is_checked_by_a_longer_answer() -> None:
+    """A one-token canary cannot tell such an adapter from the base model it turns into when a wake loses it (the
+    check matrix's lora-across-wake row let a lost adapter through once in CI, by a first-token collision)."""
+    vllm = FakeVllm(adapters={"sql": "/lora/sql"}, answers={"tiny": (" Paris", -0.5), "sql": (" Paris", -0.5)},
+                    longer={"tiny": " Paris is the capital", "sql": " Paris SELECT * FROM"})  # fmt: skip
+    v = await slept_with(vllm)
+    vllm.answers["sql"], vllm.longer["sql"] = vllm.answers["tiny"], vllm.longer["tiny"]  # lost in the wake
+    result = lora(await v.verify(FULL_WAKE, memory_before=None))
+    assert result is not None and result[0] == "fail"
+    assert "adapter 'sql' answers ' Paris is the capital' (-0.500)" in result[1]
+    assert "before the sleep it answered ' Paris SELECT * FROM'" in result[1]
 
 
 async def test_an_adapter_no_longer_listed_fails_naming_it() -> None:
