@@ -196,12 +196,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
     restarters: list[asyncio.Task[None]] = []
     try:
-        for e in engines:
-            e.sim.start()  # on a shared GPU only one fits awake: each but the last is put to sleep first
-            await e.sim.wait_healthy(session)
-            if e.name and e is not engines[-1]:
-                await sim_sleep(session, e.sim)
-        restarters = [asyncio.create_task(e.sim.restarter(stop_restarter), name="restarter") for e in engines]
         probe = f"file:{engines[0].sim.gpu_file}"
         if args.pods > 1:
             lock_dir = workdir / "gpu-locks"  # the node's hostPath
@@ -224,8 +218,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 cmd += ["--upstream", engines[0].sim.url]
             shared = ProxySupervisor(cmd, env, workdir / "proxy.log", one_proxy)
             proxies = {e.name: shared for e in engines}
-        for proxy in {id(p): p for p in proxies.values()}.values():
-            proxy.start()
+        started_proxies: set[int] = set()
+        for e in engines:
+            # On a shared GPU only one fits awake: each but the last is put to sleep before the next starts, by its
+            # proxy, which saw it start (a sidecar starts with its engine): the wake it verifies first is compared
+            # with checksums taken before the sleep. A sleep sent behind the proxy's back leaves it none (seed 1514
+            # of make chaos-pods: a lie-weights first wake ran the canary on altered weights).
+            e.sim.start()
+            await e.sim.wait_healthy(session)
+            if id(proxies[e.name]) not in started_proxies:
+                started_proxies.add(id(proxies[e.name]))
+                proxies[e.name].start()
+            if e.name and e is not engines[-1]:
+                await wait_until(f"{e.label}proxy RUNNING", lambda e=e: proxy_in(session, e, "RUNNING"), 30)
+                await proxy_sleep(session, e)
+        restarters = [asyncio.create_task(e.sim.restarter(stop_restarter), name="restarter") for e in engines]
         expected = {e.name: "SLEEPING" if e.name and e is not engines[-1] else "RUNNING" for e in engines}
 
         async def ready() -> bool:
@@ -363,12 +370,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                   workdir, downtimes)  # fmt: skip
 
 
-async def sim_sleep(session: aiohttp.ClientSession, sim: SimSupervisor) -> None:
-    """Put a simulator to sleep directly (before the proxy starts), as a trainer's setup would."""
-    url = sim.url + "/sleep?level=1&mode=abort"
-    async with session.post(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+async def proxy_in(session: aiohttp.ClientSession, e: Guarded, state: str) -> bool:
+    found = await proxy_state(session, e.base)
+    return found is not None and found["state"] == state
+
+
+async def proxy_sleep(session: aiohttp.ClientSession, e: Guarded) -> None:
+    """Put an engine to sleep through its proxy before the run, as a trainer's setup would."""
+    async with session.post(e.base + "/sleep?level=1&mode=abort", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         if resp.status != 200:
-            raise RuntimeError(f"sleep of {sim.url} before the run: {resp.status} {await resp.text()}")
+            raise RuntimeError(f"{e.label}sleep through the proxy before the run: {resp.status} {await resp.text()}")
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
