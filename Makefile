@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The compiled build (setup.py, proxy/compiled.py) installed apart from the editable one, which stays pure: `make test`
-# runs the suite once on each. Rebuilt when a source changes (~30 s).
+# runs the suite once on each (scripts/test-both.sh). Rebuilt when a source changes (~30 s).
 COMPILED := build/compiled
 compiled: $(COMPILED)/.built  ## the data plane compiled with mypyc into build/compiled (PYTHONPATH=build/compiled runs it)
 
@@ -36,9 +36,8 @@ lint: setup  ## ruff on everything Python; mypy --strict on the packages and on 
 	$(BIN)/mypy benchmarks scripts/gpu_check.py scripts/vllm/route_scan.py scripts/ci_summary.py scripts/prometheus_rule.py \
 		scripts/docs
 
-test: setup lint compiled  ## unit, simulator conformance and proxy end-to-end tests: compiled on uvloop (serve's loop), pure on asyncio's
-	PYTHONPATH=$(COMPILED) LIFEGUARD_TEST_BUILD=compiled $(BIN)/pytest -q --import-mode=append -o pythonpath="$(COMPILED) ."
-	LIFEGUARD_TEST_LOOP=asyncio LIFEGUARD_TEST_BUILD=pure $(BIN)/pytest -q
+test: setup lint compiled  ## unit, simulator conformance and proxy end-to-end tests: compiled on uvloop (serve's loop), pure on asyncio's, side by side
+	bash scripts/test-both.sh $(BIN) $(COMPILED)
 
 test-vllm: setup  ## end-to-end against a real vLLM-for-CPU (installs it once, ~3 min)
 	bash scripts/test-vllm.sh
