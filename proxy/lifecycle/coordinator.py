@@ -442,10 +442,19 @@ class LifecycleCoordinator:
         if result:
             self.record.offload_tier_kept = False
 
-    def client_reset_answered(self, status: int, body: bytes) -> bytes:
+    def client_reset_answered(self, status: int, body: bytes, *, tier_kept: bool = False) -> bytes:
         """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the
-        header line its answer carries (vLLM's 200 `{"success": false}` would otherwise read as done)."""
+        header line its answer carries (vLLM's 200 `{"success": false}` would otherwise read as done). `tier_kept`: it
+        said `reset_external=false`, so a KV connector's offload tier still holds what the old weights computed."""
         result = reset_result(status, body)
+        if result and tier_kept and self.record.prefix_partition is not None:
+            log.warning(
+                "a client's prefix-cache reset kept the KV connector's offload tier (reset_external=false), which may "
+                "hold blocks of the old weights: requests stay salted until a reset empties both tiers",
+                extra={"event": "prefix_reset_tier_kept"},
+            )
+            self._metrics.prefix_reset("client", "not_cleared")
+            return HEADER + b": partitioned"
         self._reset_answered("client", result)
         if result is False and self.record.prefix_partition is not None:
             log.warning(

@@ -13,6 +13,7 @@ carries, plan and run a control call, the serving refusal, the view of the state
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from .coordinator import LifecycleCoordinator, SubmitGuard
 from .coordinator import Submit as Submit  # the arbiter's vocabulary
 from .gate import Parked, ParkedOwner, RequestGate, Ticket
 from .inflight import InFlightRequests
-from .offload_tier import emptying_both_tiers
+from .offload_tier import emptying_both_tiers, tier_kept_by
 from .outcome import Outcome
 from .parsed_calls import LifecycleCall, parse_call
 from .policies import Policies
@@ -167,8 +168,10 @@ class Engine:
             return ControlPlan(self.versions.relabel_answered(body))
         if path != RESET_PATH:
             return _FORWARD_AS_IS
-        emptied = None if self.coordinator.record.prefix_partition is None else emptying_both_tiers(target)
-        return ControlPlan(self.coordinator.client_reset_answered, target=emptied)
+        if self.coordinator.record.prefix_partition is None:
+            return ControlPlan(self.coordinator.client_reset_answered)
+        answered = functools.partial(self.coordinator.client_reset_answered, tier_kept=tier_kept_by(target))
+        return ControlPlan(answered, target=emptying_both_tiers(target))
 
     def plan_serialized(self, path: str, body: bytes) -> ControlPlan:
         """A control call that touches weights or memory, run by `exclusive`: a LoRA adapter loaded again is

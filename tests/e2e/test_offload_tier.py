@@ -47,3 +47,23 @@ async def test_a_tier_kept_through_a_sleep_is_emptied_by_the_proxys_reset_after_
     assert stack.sim.state_dict()["offload_tier_blocks"] == 0
     assert await _answer(stack) != old
     assert _stale_hits(stack) == []
+
+
+async def test_a_clients_reset_that_keeps_the_tier_does_not_end_the_partition(make_stack: Any) -> None:
+    """The proxy's reset after a weight change is lost (500): both tiers keep the old weights' blocks and inference is
+    salted. A client's reset told `reset_external=false` then empties the GPU cache only: the partition must last
+    until a reset empties the tier too."""
+    # The reconcile loop's own retry (with reset_external=true) would race the client's: it waits for a later round.
+    stack: Stack = await make_stack(TIERED, reconcile_interval_s=30.0)
+    old = await _answer(stack)
+    stack.faults("reset_prefix_cache:error500")
+    await _update_weights(stack)
+    assert (await stack.state())["prefix_cache"]["partitioned"]
+    assert stack.sim.state_dict()["offload_tier_blocks"] > 0
+    reset = await stack.client.post("/reset_prefix_cache?reset_external=false")
+    assert reset.status == 200 and await reset.json() == {"success": True}  # vLLM's own answer, as it was
+    assert reset.headers["X-Lifeguard-Prefix-Cache"] == "partitioned"
+    assert stack.sim.state_dict()["offload_tier_blocks"] > 0  # the client's choice kept: the tier not emptied
+    assert (await stack.state())["prefix_cache"]["partitioned"]
+    assert await _answer(stack) != old
+    assert _stale_hits(stack) == []
