@@ -138,6 +138,7 @@ class LifecycleCoordinator:
                 self.record.mark_stale(previous.weights_stale)
             if previous.prefix_partition is not None:
                 self.record.remembered_partition(previous.prefix_partition)
+            self.record.offload_tier_kept = previous.offload_tier_kept
             if previous.weight_update_session is not None:
                 self.record.remembered_session(
                     SessionTarget(previous.weight_update_session), State(previous.session_returns_to or "RUNNING")
@@ -438,9 +439,9 @@ class LifecycleCoordinator:
             self._metrics.prefix_reset("proxy", "unknown")
             return
         result = reset_result(reply.status, reply.body)
-        self._reset_answered("proxy", result)
         if result:
-            self.record.offload_tier_kept = False
+            self.record.offload_tier_kept = False  # before the partition's end, which saves the facts
+        self._reset_answered("proxy", result)
 
     def client_reset_answered(self, status: int, body: bytes, *, tier_kept: bool = False) -> bytes:
         """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the

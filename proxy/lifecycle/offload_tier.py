@@ -6,8 +6,8 @@ tier down. `/reset_prefix_cache` empties it only with `reset_external=true`, whi
 connector is configured, and older releases ignore. So every reset that ends the prefix cache's partition empties both
 tiers: the proxy's own, and a client's sent while the partition lasts, unless the client says `reset_external=false`
 itself: its choice is kept, and so is the partition, until a reset empties the tier too. A sleep or KV-cache release
-told to keep the tier (`reset_connector=false`) is recorded (`offload_tier_kept` in /lifeguard/state) until the proxy's
-next reset empties it.
+told to keep the tier (`reset_connector=false`) is recorded (`offload_tier_kept` in /lifeguard/state, kept in the state
+file for a restarted proxy) until the proxy's next reset empties it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ old weights computed after a weight change. The proxy's reset empties both tiers
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 from lifeguard_sim.app import SimSettings
@@ -66,4 +69,35 @@ async def test_a_clients_reset_that_keeps_the_tier_does_not_end_the_partition(ma
     assert stack.sim.state_dict()["offload_tier_blocks"] > 0  # the client's choice kept: the tier not emptied
     assert (await stack.state())["prefix_cache"]["partitioned"]
     assert await _answer(stack) != old
+    assert _stale_hits(stack) == []
+
+
+async def test_a_restarted_proxy_still_knows_the_tier_was_kept(
+    make_stack: Any, serve_lifeguard: Any, tmp_path: Path
+) -> None:
+    """vLLM shows no kept tier: only the state file tells a restarted proxy, whose state keeps saying so until its reset
+    after the weight change empties both tiers."""
+    stack: Stack = await make_stack(TIERED, state_file=str(tmp_path / "state.json"))
+    old = await _answer(stack)
+    assert (await stack.client.post("/sleep?level=1&reset_connector=false")).status == 200
+    await stack.client.close()
+    client = await serve_lifeguard(stack.settings)
+    deadline = time.monotonic() + 5
+    while (state := await (await client.get("/lifeguard/state")).json())["state"] != "SLEEPING":
+        assert time.monotonic() < deadline, f"the new proxy never adopted the sleeping engine: {state}"
+        await asyncio.sleep(0.01)
+    assert state["offload_tier_kept"] is True
+    assert stack.sim.state_dict()["offload_tier_blocks"] > 0
+    assert (await client.post("/wake_up")).status == 200
+    for path in ("/start_weight_update", "/update_weights", "/finish_weight_update"):
+        resp = await client.post(path, json={"update_info": {}} if path == "/update_weights" else {})
+        assert resp.status == 200, (path, await resp.text())
+    while (state := await (await client.get("/lifeguard/state")).json())["prefix_cache"]["partitioned"]:
+        assert time.monotonic() < deadline + 5, f"the partition never ended: {state}"
+        await asyncio.sleep(0.01)
+    assert state["offload_tier_kept"] is False
+    assert stack.sim.state_dict()["offload_tier_blocks"] == 0
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    resp = await client.post("/v1/completions", json=body)
+    assert resp.status == 200 and (await resp.json())["choices"][0]["text"] != old
     assert _stale_hits(stack) == []
