@@ -115,6 +115,7 @@ class Engine:
             connect_timeout_s=settings.connect_timeout_s,
         )
         self._stop = asyncio.Event()
+        self._vllm_version: str | None = None
 
     def start(self) -> None:
         """Start the reconcile loop (it finds out what the engine is, then keeps watching)."""
@@ -210,6 +211,17 @@ class Engine:
     def next_state_change(self) -> asyncio.Event:
         """An event set at the engine's next change of state."""
         return self.coordinator.record.next_state_change()
+
+    async def vllm_version(self) -> str | None:
+        """vLLM's `/version`, read once it answers; None until then."""
+        if self._vllm_version is None:
+            try:
+                reply = await self.client.call("GET", "/version")
+                version = reply.json().get("version") if reply.status == 200 else None
+            except (LifeguardError, ValueError, AttributeError):
+                return None
+            self._vllm_version = version if isinstance(version, str) else None
+        return self._vllm_version
 
     async def read_memory(self) -> GpuReading:
         """The GPUs' memory as this engine's own reader sees it now."""
