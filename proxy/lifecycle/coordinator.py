@@ -392,7 +392,6 @@ class LifecycleCoordinator:
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
         """Compare vLLM's flags with ours while nothing is in flight; adopt what is observed."""
-        self._stall.look()
         await self._fault_tolerance.look()
         if self._lock.locked():
             return
@@ -420,6 +419,10 @@ class LifecycleCoordinator:
                 if self.record.weights_stale in (None, Staleness.RESTARTED) and self._gate.inflight == 0:
                     if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
+
+    def look_for_stall(self) -> None:
+        """The stall watch's round (reconcile.py's `stall_loop`): it sends nothing, so no stall can hold it."""
+        self._stall.look()
 
     def _woken_unseen(self, obs: Observation) -> bool:
         """vLLM is awake and running where the record holds its weights asleep: a wake no proxy verified (one a proxy

@@ -39,7 +39,7 @@ from .outcome import Outcome
 from .parsed_calls import LifecycleCall, parse_call
 from .policies import Policies
 from .prefix_cache import LORA_LOAD_PATH, RESET_PATH, SALTED_PATHS, reloaded_adapter, salted
-from .reconcile import reconcile_loop
+from .reconcile import reconcile_loop, stall_loop
 from .rules import EngineView, control_refusal, serving_refusal
 from .states import State
 from .verifier import Verifier
@@ -118,11 +118,12 @@ class Engine:
         self._vllm_version: str | None = None
 
     def start(self) -> None:
-        """Start the reconcile loop (it finds out what the engine is, then keeps watching)."""
-        self.tasks.spawn(
-            reconcile_loop(self.coordinator, self.policies, self.settings.reconcile_interval_s, self._stop),
-            name=f"reconcile:{self.name}",
-        )
+        """Start the reconcile loop (it finds out what the engine is, then keeps watching), and the stall watch."""
+        interval = self.settings.reconcile_interval_s
+        self.tasks.spawn(reconcile_loop(self.coordinator, self.policies, interval, self._stop),
+                         name=f"reconcile:{self.name}")  # fmt: skip
+        if self.settings.stall_after_s is not None:
+            self.tasks.spawn(stall_loop(self.coordinator, interval, self._stop), name=f"stall:{self.name}")
 
     def stop_admitting(self) -> None:
         """Shutdown, first step: held requests are answered 503 `shutting_down`, new ones refused."""
