@@ -28,7 +28,7 @@ from ..lifecycle.rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from ..lifecycle.states import State
 from ..observe.metrics import Metrics
 from .gpu_lock import GpuLocks
-from .host_memory import GIB, HostEngine, SleepChoice, choices, keeps_backups
+from .host_memory import GIB, HostEngine, SleepChoice, available, choices, keeps_backups
 from .swap_rules import Evict, Fits, Neighbour, Residency, free_per_gpu, plan_room, residency, wake_need
 
 log = logging.getLogger("lifeguard.arbiter")
@@ -334,11 +334,12 @@ class Arbiter:
 
     async def _sleep_choices(self) -> dict[str, SleepChoice]:
         """How each engine would be put to sleep to make room, host memory counted (host_memory.py)."""
+        return choices((self._host_engine(engine) for engine in self._engines.values()), self._host_budget)
+
+    @property
+    def _host_budget(self) -> int | None:
         budget = self._settings.host_backup_budget_gib
-        return choices(
-            (self._host_engine(engine) for engine in self._engines.values()),
-            int(budget * GIB) if budget is not None else None,
-        )
+        return int(budget * GIB) if budget is not None else None
 
     def _host_engine(self, engine: Engine) -> HostEngine:
         view = engine.view()
@@ -418,6 +419,11 @@ class Arbiter:
                 for t in self._turns
             ],
             "swap_quantum_s": self._settings.swap_quantum_s,
+            "host_memory": {
+                "budget_bytes": self._host_budget,
+                "available_bytes": available([self._host_engine(e) for e in engines], self._host_budget),
+                "backups_kept": sorted(self._backups_kept),
+            },
             "waiting": {
                 name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.requests_held
             },

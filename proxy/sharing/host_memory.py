@@ -47,8 +47,13 @@ def choices(engines: Iterable[HostEngine], budget_bytes: int | None, meminfo: Pa
     """Each engine's `SleepChoice`, from the host memory available now: `budget_bytes` less the backups counted as
     pinned, or (no budget) what the kernel says is available, where the pinned backups are already taken."""
     engines = list(engines)
-    available = max(budget_bytes - pinned(engines), 0) if budget_bytes is not None else mem_available(meminfo)
-    return {e.name: choose(e, available) for e in engines}
+    free = available(engines, budget_bytes, meminfo)
+    return {e.name: choose(e, free) for e in engines}
+
+
+def available(engines: list[HostEngine], budget_bytes: int | None, meminfo: Path = MEMINFO) -> int | None:
+    """Host memory a new level-1 backup may take now; None where it cannot be known."""
+    return max(budget_bytes - pinned(engines), 0) if budget_bytes is not None else mem_available(meminfo)
 
 
 def choose(engine: HostEngine, available: int | None) -> SleepChoice:

@@ -32,6 +32,8 @@ async def test_a_level_1_swap_that_would_pin_more_host_memory_than_there_is_is_r
     assert body["error"]["reason"] == "insufficient_gpu_memory"
     assert "would pin 16.00 GiB of host memory, 8.00 GiB is available" in body["error"]["message"]
     assert await stack.states() == {"a": "RUNNING", "b": "SLEEPING"}
+    host = (await stack.state())["host_memory"]
+    assert (host["budget_bytes"], host["available_bytes"], host["backups_kept"]) == (24 * GIB, 8 * GIB, [])
     assert stack.sim_count("a", "sleep") == 0
     assert sum(_host_bytes(stack).values()) <= 24 * GIB
     assert stack.violations() == {}
@@ -66,3 +68,5 @@ async def test_without_the_setting_a_level_1_swap_goes_on_as_before(make_engines
     state: dict[str, Any] = await stack.state()
     assert state["engines"]["a"]["sleep_level"] == 1
     assert _host_bytes(stack) == {"a": GIB, "b": GIB}
+    assert state["host_memory"]["backups_kept"] == ["a"]  # on 0.34 a's backup stays pinned once it wakes
+    assert state["host_memory"]["available_bytes"] > 0  # MemAvailable
