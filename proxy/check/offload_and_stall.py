@@ -56,6 +56,8 @@ async def kept_offload_tier(col: Column) -> Finding:
 
 async def stall_behind_health(col: Column) -> Finding:
     """A request in flight with no byte for seconds while `/health` answers 200: does anything tell a router?"""
+    if col.lifeguard and (await col.lifeguard_state()).get("policies", {}).get("stall_after_s") is None:
+        return skip("the lifeguard's stall watch is off (stall_after_s unset): nothing is watched to tell")
     stall_s = STALL_WINDOWS * col.pending_window_s
     armed = await col.call("POST", "/sim/faults", json_body=[f"generate:stall:{stall_s:g}"])
     if armed.status != 200:

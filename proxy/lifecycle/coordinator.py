@@ -205,6 +205,7 @@ class LifecycleCoordinator:
                 "idle_sleep_after_s": self._settings.idle_sleep_after_s,
                 "idle_sleep_level": self._settings.idle_sleep_level,
                 "drain_before_sleep_s": self._settings.drain_before_sleep_s,
+                "stall_after_s": self._settings.stall_after_s,
             },
         }
 
