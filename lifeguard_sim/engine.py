@@ -268,11 +268,10 @@ class Engine(EngineCore):
         self.after(fired)
         return {"status": "ok", "target_version": target_version, "stats": {"fetch_s": 0.0}}
 
-    def reset_prefix_cache(self, reset_running: bool, reset_external: bool = False) -> dict[str, object]:
+    async def reset_prefix_cache(self, reset_running: bool, reset_external: bool = False) -> dict[str, object]:
         """Scheduler.reset_prefix_cache: the GPU prefix cache (failing while a request holds blocks), and with
         `reset_external` the KV connector's tier, tried even when the first failed."""
-        self.counters["reset_prefix_cache"] += 1
-        self.check_alive()
+        await self.enter("reset_prefix_cache")
         success = reset_running or self.scheduler.running == 0
         if success:
             self.prefix_cache.reset()

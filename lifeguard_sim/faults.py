@@ -25,6 +25,7 @@ OPS: tuple[str, ...] = (
     "scale_elastic_ep",
     "checkpoint_prepare",
     "checkpoint_restore",
+    "reset_prefix_cache",
 )
 
 KINDS: dict[str, str] = {

@@ -150,11 +150,11 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
         except ValueError:
             body = {}
         running = bool(body.get("reset_running_requests", False)) if isinstance(body, dict) else False
-        engine.reset_prefix_cache(running)
+        await engine.reset_prefix_cache(running)
         return _ok({"status": "ok"})
     reset_running = bool_query(request, "reset_running_requests", False)
     reset_external = bool_query(request, "reset_external", False)
-    return _ok(engine.reset_prefix_cache(reset_running, reset_external))
+    return _ok(await engine.reset_prefix_cache(reset_running, reset_external))
 
 
 async def reset_other_cache(request: web.Request) -> web.Response:

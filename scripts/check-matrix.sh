@@ -15,17 +15,21 @@ OUT=${MATRIX_OUT:-docs/matrix}
 LOGS=${MATRIX_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/lifeguard-matrix.XXXXXX")}
 mkdir -p "$OUT" "$LOGS"
 log() { echo "[check-matrix $(date +%T)] $*" >&2; }
+# The lifeguard's stall watch (stall-behind-health row): well inside the row's stall of 5 pending windows (10 s).
+STALL_AFTER_S=2
 
 free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 if [[ -n "${MATRIX_SIM:-}" ]]; then
   SIM_PORT=$(free_port)
   PROXY_PORT=$(free_port)
   mkdir -p "$LOGS/sql-lora" && echo '{}' >"$LOGS/sql-lora/adapter_config.json"
+  # A KV connector's offload tier (the kept-offload-tier row), from 0.34 on.
+  connector=(); [[ "$MATRIX_SIM" == 0.3[23] ]] || connector=(--kv-connector)
   "$BIN/vllm-lifeguard" sim --port "$SIM_PORT" --vllm-version "$MATRIX_SIM" --enable-lora --gpu-file "$LOGS/gpu.json" \
-    >"$LOGS/sim.log" 2>&1 &
+    "${connector[@]}" >"$LOGS/sim.log" 2>&1 &
   sim_pid=$!
-  "$BIN/vllm-lifeguard" serve --upstream "http://127.0.0.1:$SIM_PORT" --port "$PROXY_PORT" \
-    --gpu-probe "file:$LOGS/gpu.json" >"$LOGS/lifeguard.log" 2>&1 &
+  LIFEGUARD_STALL_AFTER_S=$STALL_AFTER_S "$BIN/vllm-lifeguard" serve --upstream "http://127.0.0.1:$SIM_PORT" \
+    --port "$PROXY_PORT" --gpu-probe "file:$LOGS/gpu.json" >"$LOGS/lifeguard.log" 2>&1 &
   proxy_pid=$!
   trap 'kill $proxy_pid $sim_pid 2>/dev/null; wait 2>/dev/null' EXIT
   for _ in $(seq 120); do
@@ -63,8 +67,8 @@ for _ in $(seq 300); do
 done
 grep -q CONFORMANCE_ENGINE_URL= "$LOGS/vllm.out" || { log "vLLM not healthy after 300 s; log $LOGS/vllm.log"; exit 2; }
 
-setsid "$BIN/vllm-lifeguard" serve --upstream "http://127.0.0.1:$VLLM_PORT" --port "$PROXY_PORT" --gpu-probe none \
-  >"$LOGS/lifeguard.log" 2>&1 &
+LIFEGUARD_STALL_AFTER_S=$STALL_AFTER_S setsid "$BIN/vllm-lifeguard" serve --upstream "http://127.0.0.1:$VLLM_PORT" \
+  --port "$PROXY_PORT" --gpu-probe none >"$LOGS/lifeguard.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 120); do
   curl -sf "http://127.0.0.1:$PROXY_PORT/lifeguard/state" 2>/dev/null | grep -q '"state": "RUNNING"' && break

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .column import Column
+from .offload_and_stall import kept_offload_tier, stall_behind_health
 from .scenarios import (
     Finding,
     checkpoint_cycle,
@@ -178,6 +179,21 @@ ROWS: tuple[Row, ...] = (
         "a request while prepared is refused engine_paused behind a /health 200; /sleep answers 500",
         "class 25",
         checkpoint_cycle,
+    ),
+    Row(
+        "kept-offload-tier",
+        "a KV connector's tier kept through a sleep, then a weight update (vLLM 0.34)",
+        "after /reset_prefix_cache 200 a cached prompt is answered from KV the old weights computed",
+        "vLLM PR #57810 · class 28",
+        kept_offload_tier,
+        "protocol",
+    ),
+    Row(
+        "stall-behind-health",
+        "a request that makes no progress while /health answers 200",
+        "nothing tells a router: /health 200 while requests get no byte",
+        "class 27",
+        stall_behind_health,
     ),
     Row(
         "lora-across-wake",

@@ -60,6 +60,23 @@ class EngineSettings(BaseModel):
         ),
     )
     pinned: bool = Field(default=False, description="Never put to sleep to make room for another engine.")
+    weights_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "GPU memory its weights take: what a level-1 sleep copies into pinned host memory, counted against the "
+            "host's before it is put to sleep to make room (docs/model-swap.md); null: not counted (vLLM does not say "
+            "it)."
+        ),
+    )
+    when_host_memory_short: Literal["refuse", "level_2"] = Field(
+        default="refuse",
+        description=(
+            "What a swap does where this engine's level-1 sleep would pin more host memory than is available: refuse "
+            "(503 insufficient_gpu_memory, saying so) or level_2 (discard its weights and reload them from disk at its "
+            "wake: never for an engine whose weights a trainer updates)."
+        ),
+    )
     footprint_gib: float | None = Field(
         default=None,
         gt=0,
@@ -431,6 +448,15 @@ class Settings(BaseSettings):
         description=(
             "Seconds a neighbour put to sleep for a swap may take to finish what it serves; its sleep ends what is "
             "left."
+        ),
+    )
+    host_backup_budget_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Host memory the engines' level-1 sleep backups (pinned) may take in all, less what they are counted to "
+            "hold now; null: /proc/meminfo's MemAvailable at each swap (set it where a container's memory limit, "
+            "not the node, bounds the engines)."
         ),
     )
 

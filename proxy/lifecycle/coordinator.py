@@ -138,6 +138,7 @@ class LifecycleCoordinator:
                 self.record.mark_stale(previous.weights_stale)
             if previous.prefix_partition is not None:
                 self.record.remembered_partition(previous.prefix_partition)
+            self.record.offload_tier_kept = previous.offload_tier_kept
             if previous.weight_update_session is not None:
                 self.record.remembered_session(
                     SessionTarget(previous.weight_update_session), State(previous.session_returns_to or "RUNNING")
@@ -204,6 +205,7 @@ class LifecycleCoordinator:
                 "idle_sleep_after_s": self._settings.idle_sleep_after_s,
                 "idle_sleep_level": self._settings.idle_sleep_level,
                 "drain_before_sleep_s": self._settings.drain_before_sleep_s,
+                "stall_after_s": self._settings.stall_after_s,
             },
         }
 
@@ -391,7 +393,6 @@ class LifecycleCoordinator:
     # ----- the reconcile loop's entry point (reconcile.py drives it)
     async def reconcile(self) -> None:
         """Compare vLLM's flags with ours while nothing is in flight; adopt what is observed."""
-        self._stall.look()
         await self._fault_tolerance.look()
         if self._lock.locked():
             return
@@ -420,6 +421,10 @@ class LifecycleCoordinator:
                     if self.checksums.checkpoint_due:
                         await self.checksums.take_checkpoint()
 
+    def look_for_stall(self) -> None:
+        """The stall watch's round (reconcile.py's `stall_loop`): it sends nothing, so no stall can hold it."""
+        self._stall.look()
+
     def _woken_unseen(self, obs: Observation) -> bool:
         """vLLM is awake and running where the record holds its weights asleep: a wake no proxy verified (one a proxy
         restart cut, or one sent to vLLM directly). Checked before it is adopted and inference let go."""
@@ -438,14 +443,23 @@ class LifecycleCoordinator:
             self._metrics.prefix_reset("proxy", "unknown")
             return
         result = reset_result(reply.status, reply.body)
-        self._reset_answered("proxy", result)
         if result:
-            self.record.offload_tier_kept = False
+            self.record.offload_tier_kept = False  # before the partition's end, which saves the facts
+        self._reset_answered("proxy", result)
 
-    def client_reset_answered(self, status: int, body: bytes) -> bytes:
+    def client_reset_answered(self, status: int, body: bytes, *, tier_kept: bool = False) -> bytes:
         """A client's /reset_prefix_cache answered `status`, `body`: what it tells about old-weight blocks, and the
-        header line its answer carries (vLLM's 200 `{"success": false}` would otherwise read as done)."""
+        header line its answer carries (vLLM's 200 `{"success": false}` would otherwise read as done). `tier_kept`: it
+        said `reset_external=false`, so a KV connector's offload tier still holds what the old weights computed."""
         result = reset_result(status, body)
+        if result and tier_kept and self.record.prefix_partition is not None:
+            log.warning(
+                "a client's prefix-cache reset kept the KV connector's offload tier (reset_external=false), which may "
+                "hold blocks of the old weights: requests stay salted until a reset empties both tiers",
+                extra={"event": "prefix_reset_tier_kept"},
+            )
+            self._metrics.prefix_reset("client", "not_cleared")
+            return HEADER + b": partitioned"
         self._reset_answered("client", result)
         if result is False and self.record.prefix_partition is not None:
             log.warning(

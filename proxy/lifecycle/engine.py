@@ -13,6 +13,7 @@ carries, plan and run a control call, the serving refusal, the view of the state
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,12 +34,12 @@ from .coordinator import LifecycleCoordinator, SubmitGuard
 from .coordinator import Submit as Submit  # the arbiter's vocabulary
 from .gate import Parked, ParkedOwner, RequestGate, Ticket
 from .inflight import InFlightRequests
-from .offload_tier import emptying_both_tiers
+from .offload_tier import emptying_both_tiers, tier_kept_by
 from .outcome import Outcome
 from .parsed_calls import LifecycleCall, parse_call
 from .policies import Policies
 from .prefix_cache import LORA_LOAD_PATH, RESET_PATH, SALTED_PATHS, reloaded_adapter, salted
-from .reconcile import reconcile_loop
+from .reconcile import reconcile_loop, stall_loop
 from .rules import EngineView, control_refusal, serving_refusal
 from .states import State
 from .verifier import Verifier
@@ -114,13 +115,15 @@ class Engine:
             connect_timeout_s=settings.connect_timeout_s,
         )
         self._stop = asyncio.Event()
+        self._vllm_version: str | None = None
 
     def start(self) -> None:
-        """Start the reconcile loop (it finds out what the engine is, then keeps watching)."""
-        self.tasks.spawn(
-            reconcile_loop(self.coordinator, self.policies, self.settings.reconcile_interval_s, self._stop),
-            name=f"reconcile:{self.name}",
-        )
+        """Start the reconcile loop (it finds out what the engine is, then keeps watching), and the stall watch."""
+        interval = self.settings.reconcile_interval_s
+        self.tasks.spawn(reconcile_loop(self.coordinator, self.policies, interval, self._stop),
+                         name=f"reconcile:{self.name}")  # fmt: skip
+        if self.settings.stall_after_s is not None:
+            self.tasks.spawn(stall_loop(self.coordinator, interval, self._stop), name=f"stall:{self.name}")
 
     def stop_admitting(self) -> None:
         """Shutdown, first step: held requests are answered 503 `shutting_down`, new ones refused."""
@@ -167,8 +170,10 @@ class Engine:
             return ControlPlan(self.versions.relabel_answered(body))
         if path != RESET_PATH:
             return _FORWARD_AS_IS
-        emptied = None if self.coordinator.record.prefix_partition is None else emptying_both_tiers(target)
-        return ControlPlan(self.coordinator.client_reset_answered, target=emptied)
+        if self.coordinator.record.prefix_partition is None:
+            return ControlPlan(self.coordinator.client_reset_answered)
+        answered = functools.partial(self.coordinator.client_reset_answered, tier_kept=tier_kept_by(target))
+        return ControlPlan(answered, target=emptying_both_tiers(target))
 
     def plan_serialized(self, path: str, body: bytes) -> ControlPlan:
         """A control call that touches weights or memory, run by `exclusive`: a LoRA adapter loaded again is
@@ -207,6 +212,17 @@ class Engine:
     def next_state_change(self) -> asyncio.Event:
         """An event set at the engine's next change of state."""
         return self.coordinator.record.next_state_change()
+
+    async def vllm_version(self) -> str | None:
+        """vLLM's `/version`, read once it answers; None until then."""
+        if self._vllm_version is None:
+            try:
+                reply = await self.client.call("GET", "/version")
+                version = reply.json().get("version") if reply.status == 200 else None
+            except (LifeguardError, ValueError, AttributeError):
+                return None
+            self._vllm_version = version if isinstance(version, str) else None
+        return self._vllm_version
 
     async def read_memory(self) -> GpuReading:
         """The GPUs' memory as this engine's own reader sees it now."""

@@ -38,6 +38,9 @@ class PersistedFacts:
     # the call whose failure left the weights partial.
     weight_version: WeightVersion | None = None
     weights_partial_after: str | None = None
+    # A sleep or KV-cache release kept the KV connector's offload tier (vLLM 0.34's `reset_connector=false`): vLLM
+    # shows no such thing, and the tier outlives the proxy (offload_tier.py).
+    offload_tier_kept: bool = False
 
     def __str__(self) -> str:
         """The facts in words, for the log line of a restarted proxy."""
@@ -59,4 +62,6 @@ class PersistedFacts:
             said.append(f"weight version {self.weight_version.label!r} (generation {self.weight_version.generation})")
         if self.weights_partial_after is not None:
             said.append(f"weights partial after a failed {self.weights_partial_after}")
+        if self.offload_tier_kept:
+            said.append("the KV connector's offload tier kept through a sleep")
         return "; ".join(said)

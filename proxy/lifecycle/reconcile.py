@@ -35,3 +35,15 @@ async def reconcile_loop(
                 await stop.wait()
         except TimeoutError:
             pass
+
+
+async def stall_loop(coordinator: LifecycleCoordinator, interval_s: float, stop: asyncio.Event) -> None:
+    """The stall watch (stall.py) each interval, apart from the reconcile round: a round can wait on vLLM (a LoRA
+    adapter's canary), and a stall holds that wait as it holds every request."""
+    while not stop.is_set():
+        coordinator.look_for_stall()
+        try:
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
+        except TimeoutError:
+            pass

@@ -150,6 +150,7 @@ class EngineRecord:
             self.prefix_partition,
             self.session_target.value if self.weight_update_active else None,
             self.return_state.value if self.weight_update_active else None,
+            offload_tier_kept=self.offload_tier_kept,
         )
 
     @property

@@ -2,7 +2,8 @@
 
 Field reports (Tanguille/cluster #4593) tell of hours at 0 tokens/s with requests running while vLLM's `/health` says
 200: nothing the flags or the health check show. The proxy relays every byte of every answer, so it sees it: the
-front marks each read of an answer (`InFlightRequests.progressed`), and the reconcile loop looks each round. A stalled
+front marks each read of an answer (`InFlightRequests.progressed`), and a loop of its own looks each reconcile interval
+(reconcile.py's `stall_loop`: a reconcile round may wait on vLLM, and a stall holds that wait too). A stalled
 engine is not ready (`/lifeguard/serving` 503 `stalled`, so routers send elsewhere), `lifeguard_engine_stalled` is 1
 and a WARNING names it; the first bytes again clear it at the next round. Requests are not held for it: what would
 release them is vLLM's own progress, which the proxy cannot cause.

@@ -58,6 +58,7 @@ class StateFile:
                 weights_before_sleep=raw.get("weights_before_sleep"),
                 weight_version=WeightVersion.from_dict(raw.get("weight_version")),
                 weights_partial_after=raw.get("weights_partial_after"),
+                offload_tier_kept=raw.get("offload_tier_kept", False),
             )
         except (OSError, ValueError, AttributeError, TypeError) as exc:  # ValueError: bad JSON, or no such Staleness
             log.warning("state file %s unreadable (%r): weights treated as stale", self._path, exc)
@@ -98,4 +99,5 @@ def _well_formed(facts: PersistedFacts) -> bool:
         and facts.session_returns_to in (None, *(state.value for state in State))
         and isinstance(facts.weights_before_sleep, str | None)
         and isinstance(facts.weights_partial_after, str | None)
+        and isinstance(facts.offload_tier_kept, bool)
     )

@@ -28,6 +28,7 @@ from ..lifecycle.rules import ALL_SLEEP_TAGS, Staleness, wake_targets
 from ..lifecycle.states import State
 from ..observe.metrics import Metrics
 from .gpu_lock import GpuLocks
+from .host_memory import GIB, HostEngine, SleepChoice, available, choices, keeps_backups
 from .swap_rules import Evict, Fits, Neighbour, Residency, free_per_gpu, plan_room, residency, wake_need
 
 log = logging.getLogger("lifeguard.arbiter")
@@ -97,6 +98,8 @@ class Arbiter:
         self.reload_on_wake: set[str] = set()
         self._awake_since: dict[str, float] = {}  # when the arbiter's last wake of each engine ended
         self._waits: dict[str, _Wait] = {}  # what each engine being swapped in waits for now
+        # Put to sleep at level 1 by this arbiter on a vLLM that keeps the backup pinned after the wake (0.34).
+        self._backups_kept: set[str] = set()
         for name, engine in engines.items():
             engine.guard_with(_Guard(self, name))
 
@@ -175,9 +178,8 @@ class Arbiter:
         if waiting_since is None or engine.state is not State.SLEEPING:
             return  # a wake nobody waits for (a trainer's): at once
         free = free_per_gpu(await self._gpu.read(), engine.config.gpus)
-        plan = plan_room(
-            engine.config.gpus, await self._wake_need(engine, call), free, list(self._neighbours(engine.name, set()))
-        )
+        neighbours = list(self._neighbours(engine.name, set(), await self._sleep_choices()))
+        plan = plan_room(engine.config.gpus, await self._wake_need(engine, call), free, neighbours)
         if not isinstance(plan, Evict):
             return
         victim = self._engines[plan.victim]
@@ -201,7 +203,8 @@ class Arbiter:
         need = await self._wake_need(engine, call)  # it sleeps on, its GPUs locked: only the others change
         while True:
             free = free_per_gpu(await self._gpu.read(), gpus)
-            plan = plan_room(gpus, need, free, list(self._neighbours(name, tried)))
+            sleep = await self._sleep_choices()
+            plan = plan_room(gpus, need, free, list(self._neighbours(name, tried, sleep)))
             if isinstance(plan, Fits):
                 if refused and (need is None or free is None):
                     # Without numbers the wake was to follow only once every engine there slept.
@@ -213,10 +216,14 @@ class Arbiter:
             if not isinstance(plan, Evict):
                 raise InsufficientGpuMemory(f"engine {name} cannot be woken: {plan.why}")
             tried.add(plan.victim)
-            if not await self._swap_out(self._engines[plan.victim], for_engine=name):
+            if (short := sleep[plan.victim].short) is not None:
+                log.warning("%s is put to sleep at level 2, not 1, to make room for %s: %s; its weights are reloaded "
+                            "at its wake", plan.victim, name, short, extra={"event": "swap_level_2_host_memory",
+                            "engine": plan.victim})  # fmt: skip
+            if not await self._swap_out(self._engines[plan.victim], plan.level, for_engine=name):
                 refused.append(plan.victim)
 
-    async def _swap_out(self, victim: Engine, *, for_engine: str) -> bool:
+    async def _swap_out(self, victim: Engine, level: int, *, for_engine: str) -> bool:
         """`victim` drained (new requests for it held, what it serves finished) and put to sleep."""
         try:
             if victim.state is State.RUNNING:
@@ -233,7 +240,7 @@ class Arbiter:
                         extra={"event": "swap_drain_timeout", "engine": victim.name, "for_engine": for_engine},
                     )
             self._waits[for_engine] = _Wait(f"{victim.name} falling asleep")
-            return await self._put_to_sleep(victim, for_engine=for_engine)
+            return await self._put_to_sleep(victim, level, for_engine=for_engine)
         finally:
             victim.swap_out(None)
 
@@ -251,8 +258,7 @@ class Arbiter:
             idle.cancel()
         return moved_on.is_set() or (idle.done() and not idle.cancelled() and idle.result())
 
-    async def _put_to_sleep(self, victim: Engine, *, for_engine: str) -> bool:
-        level = victim.config.swap_sleep_level
+    async def _put_to_sleep(self, victim: Engine, level: int, *, for_engine: str) -> bool:
         call = LifecycleCall("sleep", (("level", str(level)), ("mode", "abort")), level=level, mode="abort")
         if level == 2:
             # Said before the sleep: requests held for it ask for its wake as it settles asleep, and the wake
@@ -292,6 +298,10 @@ class Arbiter:
             for_engine,
             extra={"event": "swapped_out", "engine": victim.name, "for_engine": for_engine},
         )
+        if level == 1 and keeps_backups(await victim.vllm_version()):
+            self._backups_kept.add(victim.name)
+        else:
+            self._backups_kept.discard(victim.name)
         return True
 
     async def _after_wake(self, engine: Engine, before: GpuReading, *, measure: bool) -> None:
@@ -322,10 +332,32 @@ class Arbiter:
         footprint = engine.footprint
         return wake_need(footprint.bytes, view.asleep_tags, wakes, awake_bytes=footprint.awake_scale, resident=resident)
 
-    def _neighbours(self, name: str, tried: set[str]) -> Iterator[Neighbour]:
+    async def _sleep_choices(self) -> dict[str, SleepChoice]:
+        """How each engine would be put to sleep to make room, host memory counted (host_memory.py)."""
+        return choices((self._host_engine(engine) for engine in self._engines.values()), self._host_budget)
+
+    @property
+    def _host_budget(self) -> int | None:
+        budget = self._settings.host_backup_budget_gib
+        return int(budget * GIB) if budget is not None else None
+
+    def _host_engine(self, engine: Engine) -> HostEngine:
+        view = engine.view()
+        weights = engine.config.weights_gib
+        return HostEngine(
+            name=engine.name,
+            weights_bytes=int(weights * GIB) if weights is not None else None,
+            sleep_level=engine.config.swap_sleep_level,
+            fallback_to_level_2=engine.config.when_host_memory_short == "level_2",
+            asleep_at_level_1=view.state is State.SLEEPING and view.sleep_level == 1 and "weights" in view.asleep_tags,
+            backup_kept=engine.name in self._backups_kept and view.state is not State.SLEEPING,
+        )
+
+    def _neighbours(self, name: str, tried: set[str], sleep: dict[str, SleepChoice]) -> Iterator[Neighbour]:
         for other in self._engines.values():
             if other.name == name:
                 continue
+            choice = sleep[other.name]
             yield Neighbour(
                 name=other.name,
                 gpus=other.config.gpus,
@@ -337,6 +369,8 @@ class Arbiter:
                 held=other.requests_held,
                 last_used=other.last_activity,
                 footprint_bytes=other.footprint.bytes,
+                sleep_level=choice.level,
+                host_memory_short=choice.short if choice.level == 1 else None,
             )
 
     # ----- one call at a time per GPU
@@ -385,6 +419,11 @@ class Arbiter:
                 for t in self._turns
             ],
             "swap_quantum_s": self._settings.swap_quantum_s,
+            "host_memory": {
+                "budget_bytes": self._host_budget,
+                "available_bytes": available([self._host_engine(e) for e in engines], self._host_budget),
+                "backups_kept": sorted(self._backups_kept),
+            },
             "waiting": {
                 name: self._waiting(engine, now) for name, engine in self._engines.items() if engine.requests_held
             },

@@ -71,6 +71,9 @@ class Neighbour:
     held: int
     last_used: float  # monotonic time of its last request
     footprint_bytes: int | None
+    sleep_level: int = 1  # the level it is put to sleep at (host_memory.py may lower 1 to 2)
+    # Why its level-1 sleep may not be made: it would pin more host memory than is available (host_memory.py).
+    host_memory_short: str | None = None
 
     @property
     def holds_memory(self) -> bool:
@@ -103,9 +106,10 @@ class Fits:
 
 @dataclass(frozen=True)
 class Evict:
-    """Put `victim` to sleep first, then plan again."""
+    """Put `victim` to sleep (at `level`) first, then plan again."""
 
     victim: str
+    level: int = 1
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def why_it_stays(n: Neighbour) -> str | None:
         return "pinned"
     if n.busy:
         return "in a weight update, or it failed to sleep"
-    return None
+    return n.host_memory_short
 
 
 _STAYS = {
@@ -174,7 +178,7 @@ def plan_room(
     order = eviction_order(gpus, neighbours)
     if need_bytes is None or free is None:
         if order:
-            return Evict(order[0].name)
+            return Evict(order[0].name, order[0].sleep_level)
         # Nothing can say it fits beside an engine that keeps its memory (awake, asleep at level 0, paused,
         # partly awake, failed): refused rather than woken into an OOM.
         staying = [n for n in neighbours if n.holds_memory and set(gpus) & set(n.gpus)]
@@ -204,7 +208,7 @@ def plan_room(
                     f"it needs {_gib(per_gpu)} on GPU {g}, {_gib(free.get(g, 0))} is free, and putting every engine "
                     f"there that may sleep to sleep would free only {_gib(could_free)}"
                 )
-    return Evict(order[0].name)
+    return Evict(order[0].name, order[0].sleep_level)
 
 
 # The device's free memory counts every process on it: what no engine of this proxy holds, another pod's engine

@@ -46,6 +46,8 @@ VLLM_DOES = {
     "lora-across-wake": GREEN,
     "memory-follows-sleep": SKIP,
     "checkpoint-cycle": SKIP,  # vLLM 0.34's; the profiles run here are 0.32 and 0.33 (docs/matrix/sim-0.34.md)
+    "kept-offload-tier": SKIP,  # vLLM 0.34's reset_connector, as checkpoint-cycle
+    "stall-behind-health": RED,  # the row arms the simulator's stall fault
 }
 #: Where the real vLLM-for-CPU 0.32 differs (docs/matrix/): on CPU a level-2 sleep discards nothing, no weight
 #: transfer is configured, and the suite's server serves no LoRA.
@@ -56,6 +58,8 @@ VLLM_CPU_DIFFERS = {
     "weight-update-while-asleep": GREEN,
     "lora-across-wake": SKIP,
     "checkpoint-cycle": SKIP,
+    "kept-offload-tier": SKIP,
+    "stall-behind-health": SKIP,  # no stall can be made from outside a real vLLM
 }
 #: Short here; the command waits 2 s before it calls a request hung.
 WINDOW_S = 0.5

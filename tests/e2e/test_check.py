@@ -50,11 +50,14 @@ NATURAL_REDS = {
     "level-2-wake-without-reload", "repeated-sleep", "request-during-sleep", "wake-unknown-tag", "wake-comma-tags",
     "partial-wake-then-forward", "resume-while-asleep", "wake-lifts-pause", "second-resume",
     "weight-update-while-asleep", "prefix-cache-after-weight-change",
+    "stall-behind-health",  # the row arms the simulator's stall: a router sees /health 200 throughout
 }  # fmt: skip
 
 
 #: Rows of vLLM 0.34's routes: they skip on the profiles run here (the 0.34 matrix: docs/matrix/sim-0.34.md).
-BEFORE_034 = {"checkpoint-cycle"}
+BEFORE_034 = {"checkpoint-cycle", "kept-offload-tier"}
+#: The lifeguard's stall watch, well inside the row's stall (5 pending windows).
+STALL_AFTER_S = 0.3
 
 
 def sim_settings(version: str, gpu_file: Path) -> SimSettings:
@@ -137,7 +140,7 @@ async def test_the_whole_matrix_both_columns(
     make_stack: Callable[..., Awaitable[Stack]], tmp_path: Path, version: str
 ) -> None:
     """A lifeguard URL whose vLLM is reachable: both columns; vLLM's own hazards red, none through."""
-    stack = await make_stack(sim_settings(version, tmp_path / "gpu.json"))
+    stack = await make_stack(sim_settings(version, tmp_path / "gpu.json"), stall_after_s=STALL_AFTER_S)
     report = await run_check(tmp_path, url=url_of(stack.client.server))
     assert report.columns == ["direct", "through"]
     direct = {result.row.id: result.cells["direct"] for result in report.results}
@@ -166,6 +169,22 @@ async def test_the_checkpoint_cycle_is_red_on_vllm_034_itself_and_green_through_
     direct, through = cell(report, "checkpoint-cycle", "direct"), cell(report, "checkpoint-cycle", "through")
     assert direct.verdict == "red" and "while prepared was answered 503" in direct.why, direct.why
     assert through.verdict == "green" and "held" in through.why, through.why
+    assert (await stack.state())["state"] == "RUNNING"
+
+
+async def test_a_kept_offload_tier_and_a_stall_are_red_on_vllm_034_itself_and_green_through_the_lifeguard(
+    make_stack: Callable[..., Awaitable[Stack]], tmp_path: Path
+) -> None:
+    settings = SimSettings(**{**sim_settings("0.34", tmp_path / "gpu.json").__dict__, "kv_connector": True})
+    stack = await make_stack(settings, stall_after_s=STALL_AFTER_S)
+    rows = ["kept-offload-tier", "stall-behind-health"]
+    report = await run_check(tmp_path, url=url_of(stack.client.server), rows=rows)
+    direct, through = cell(report, rows[0], "direct"), cell(report, rows[0], "through")
+    assert direct.verdict == "red" and "KV the old weights computed" in direct.why, direct.why
+    assert through.verdict == "green" and "partitioned" not in through.why, through.why
+    direct, through = cell(report, rows[1], "direct"), cell(report, rows[1], "through")
+    assert direct.verdict == "red" and "/health answered 200" in direct.why, direct.why
+    assert through.verdict == "green" and "503 stalled" in through.why, through.why
     assert (await stack.state())["state"] == "RUNNING"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.lifecycle.offload_tier import emptying_both_tiers, keeps_tier
+from proxy.lifecycle.offload_tier import emptying_both_tiers, keeps_tier, tier_kept_by
 from proxy.lifecycle.parsed_calls import parse_call
 
 
@@ -21,3 +21,10 @@ def test_a_clients_reset_is_made_to_empty_the_tier_unless_it_names_reset_externa
     assert (
         emptying_both_tiers(b"/reset_prefix_cache?reset_external=false") == b"/reset_prefix_cache?reset_external=false"
     )
+
+
+def test_a_clients_reset_keeps_the_tier_only_where_it_says_reset_external_false() -> None:
+    assert tier_kept_by(b"/reset_prefix_cache?reset_external=false")
+    assert tier_kept_by(b"/reset_prefix_cache?reset_running_requests=true&reset_external=0")
+    assert not tier_kept_by(b"/reset_prefix_cache?reset_external=true")
+    assert not tier_kept_by(b"/reset_prefix_cache")

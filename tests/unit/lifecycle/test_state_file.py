@@ -43,6 +43,14 @@ def test_the_weights_checksums_before_a_sleep_read_back_as_one_digest(tmp_path: 
     assert str(facts).endswith("the weights' checksums before the sleep")
 
 
+def test_a_kept_offload_tier_reads_back_and_is_said_in_words(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    facts = PersistedFacts(asleep_tags=("kv_cache", "weights"), sleep_level=1, offload_tier_kept=True)
+    StateFile(str(path)).save(facts)
+    assert StateFile(str(path)).load() == facts
+    assert str(facts).endswith("the KV connector's offload tier kept through a sleep")
+
+
 def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"weights_stale": None, "user_pause": None}))
@@ -62,6 +70,7 @@ def test_a_state_file_from_before_the_asleep_tags_reads_as_nothing_asleep(tmp_pa
         {"weight_update_session": "everything"},
         {"weight_update_session": "model", "session_returns_to": "ASLEEP"},
         {"weights_before_sleep": {"tp0:w": "ab"}},
+        {"offload_tier_kept": "yes"},
         ["not", "an", "object"],
     ],
 )

@@ -255,3 +255,13 @@ def test_memory_no_engine_of_this_proxy_holds_is_named_as_held_outside_it() -> N
     pinned = _n("mine-pinned", pinned=True)
     plan = plan_room((0,), 48 * GIB, {0: 28 * GIB}, [pinned])
     assert isinstance(plan, NoRoom) and "no engine there may be put to sleep (mine-pinned (pinned))" in plan.why
+
+
+def test_a_neighbour_short_of_host_memory_stays_and_one_lowered_to_level_2_is_evicted_so() -> None:
+    short = "its level-1 sleep would pin 16.00 GiB of host memory, 8.00 GiB is available"
+    free = {0: 10 * GIB}
+    staying = _n("a", footprint_bytes=50 * GIB, host_memory_short=short)
+    plan = plan_room((0,), 40 * GIB, free, [staying])
+    assert isinstance(plan, NoRoom) and f"a ({short})" in plan.why
+    assert plan_room((0,), 40 * GIB, free, [staying, _n("b", footprint_bytes=50 * GIB, last_used=9.0)]) == Evict("b")
+    assert plan_room((0,), 40 * GIB, free, [_n("c", footprint_bytes=50 * GIB, sleep_level=2)]) == Evict("c", 2)
