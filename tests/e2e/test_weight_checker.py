@@ -271,7 +271,8 @@ async def test_a_restart_only_a_lifecycle_call_saw_still_takes_the_new_checkpoin
     taken = (await stack.state())["weight_checksums"]["checkpoint_at"]
 
     await _sleep_that_vllm_dies_under_and_restarts_from_another_checkpoint(stack)
-    state = await stack.wait_for(lambda s: s["weight_checksums"]["checkpoint_at"] != taken)
+    # Forgotten first (None: a new process's checkpoint not read yet), then the new checkpoint's taken.
+    state = await stack.wait_for(lambda s: s["weight_checksums"]["checkpoint_at"] not in (None, taken))
     assert state["weight_checksums"]["checkpoint_tensors"] == 8
     resp = await stack.client.post("/collective_rpc", json=RELOAD)
     assert resp.status == 200, await resp.text()
