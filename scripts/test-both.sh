@@ -6,6 +6,11 @@
 set -uo pipefail
 bin=$1 compiled=$2
 shift 2
+# In CI a test that fails is run once more, and the summary lists it with its first failure (scripts/ci_summary.py):
+# one that needs it more than rarely is a defect to fix, not to rerun.
+if [[ ${CI:-} == true ]]; then
+  set -- --reruns 1 "$@"
+fi
 pure_log=$(mktemp)
 LIFEGUARD_TEST_LOOP=asyncio LIFEGUARD_TEST_BUILD=pure "$bin/pytest" -q -p no:cacheprovider "$@" >"$pure_log" 2>&1 &
 pure=$!
