@@ -89,4 +89,5 @@ async def test_policies_show_in_the_state(make_stack: Any) -> None:
         "idle_sleep_after_s": 60,
         "idle_sleep_level": 1,
         "drain_before_sleep_s": 2,
+        "stall_after_s": None,
     }
