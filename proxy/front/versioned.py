@@ -8,6 +8,7 @@ counted. Only a request that asked is parsed; any other is passed through as it 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -25,6 +26,12 @@ _STREAM_USAGE = b'"usage":{'
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _LENGTH = re.compile(rb"\r\ncontent-length: *\d+", re.IGNORECASE)
 HEADER = b"X-Lifeguard-Weight-Version: "
+
+
+@functools.lru_cache(maxsize=64)
+def _header_line(version: WeightVersion) -> bytes:
+    """Made once per version, not once per answer: quoting a label costs more than the rest of the stamp."""
+    return HEADER + version.header_value
 
 
 def _tokens_of(choice: dict[str, object]) -> int:
@@ -62,7 +69,7 @@ class VersionStamp:
 
     @property
     def header_line(self) -> bytes:
-        return HEADER + self.dispatched.header_value
+        return _header_line(self.dispatched)
 
     # ----- the request's bytes
     def request_body(self, body: bytes) -> bytes:
