@@ -29,6 +29,7 @@ MODULES = (
     "proxy.front.request_reader",
     "proxy.front.routing",
     "proxy.front.serialized",
+    "proxy.front.versioned",
     "proxy.front.wire",
     "proxy.lifecycle.gate",
     "proxy.lifecycle.inflight",
