@@ -140,6 +140,39 @@ async def test_12_an_adapter_lost_in_the_wake_after_a_level_2_sleep_is_not_serve
     assert stack.sim.state_dict()["violations"] == []
 
 
+async def test_12_an_adapter_lost_in_skyrls_level_2_order_is_caught_at_the_kv_cache_wake(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """SkyRL's order after a level-2 sleep: wake the weights, reload them, then wake the KV cache. The reload cannot
+    check the adapters (no completion runs while the KV cache sleeps), so the KV cache's wake does, inference still
+    held: an adapter that answers as the base model is lost, never served."""
+    stack: Stack = await make_stack(LORA_SIM)
+    await _load_adapter(stack, _adapter_dir(tmp_path))
+    base, tuned = await _answer(stack, "tiny"), await _answer(stack, "sql")
+    assert tuned != base
+    await stack.wait_for(lambda s: s["lora_adapters"].get("sql", {}).get("canary_recorded") is True, timeout=5)
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    stack.faults("wake_up:lose-lora")
+    assert (await stack.client.post("/wake_up?tags=weights")).status == 200
+    reload = await stack.client.post("/collective_rpc", json={"method": "reload_weights"})
+    assert reload.status == 200, await reload.text()  # the KV cache sleeps: nothing can answer a canary yet
+
+    wake = await stack.client.post("/wake_up?tags=kv_cache")
+
+    answer = await _answer(stack, "sql")
+    assert answer != base, f"after the KV cache's wake ({wake.status}) the adapter answers as the base model"
+    assert wake.status == 503
+    error = (await wake.json())["error"]
+    assert error["reason"] == "verification_failed" and "adapter 'sql'" in error["message"], error
+    snapshot = await stack.state()
+    assert (snapshot["state"], snapshot["failure"], snapshot["lost_lora_adapters"]) == ("FAILED", "lora", ["sql"])
+
+    await _load_adapter(stack, tmp_path, again=True)  # the way back, as after a level-1 wake
+    await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 2)
+    assert await _answer(stack, "sql") == tuned
+    assert stack.sim.state_dict()["violations"] == []
+
+
 # ----- 13: elastic EP scaling, never trusted from /health
 
 
