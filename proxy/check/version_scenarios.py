@@ -11,7 +11,7 @@ from typing import Any
 
 from .client import Reply
 from .column import WAIT_DEADLINE_S, Column, eventually
-from .scenarios import Finding, green, red, skip
+from .scenarios import Finding, green, red, skip, vllm_running
 
 #: A chunk whose IPC handles name a GPU no engine has: vLLM's IPC transfer engine fails it mid-way ("IPC handle not
 #: found for GPU UUID ...", ipc_engine.py receive_weights), and the worker ends the session (gpu_worker.py).
@@ -21,8 +21,6 @@ FAILING_CHUNK: dict[str, Any] = {
     "shapes": [[1]],
     "ipc_handles": [{"GPU-lifeguard-check-no-such-gpu": [0]}],
 }
-#: The tokens of the stream a keep-mode update splits: long enough to be paused mid-way on a CPU.
-SPAN_TOKENS = 400
 
 
 async def _label(col: Column) -> tuple[str | None, Reply]:
@@ -105,12 +103,12 @@ async def spans_across_keep_update(col: Column) -> Finding:
     """A stream that asked for `weight_versions`, a keep-mode pause, a reload of the weights, the resume: the spans
     must split where the reloaded weights began (a reload sets no label in vLLM: one span says it all was one)."""
     began = asyncio.Event()
-    body = {"model": col.model, "prompt": "Count upward slowly:", "max_tokens": SPAN_TOKENS, "temperature": 0,
+    body = {"model": col.model, "prompt": "Count upward slowly:", "max_tokens": col.stream_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "return_weight_versions": True}  # fmt: skip
     stream = col.later(col.call("POST", "/v1/completions", json_body=body, timeout=120, first_bytes=began))
 
-    async def running() -> bool:
-        return began.is_set() and not stream.done()
+    async def running() -> bool:  # vLLM's gauge too: the lifeguard may hold a stream's first bytes back a moment
+        return (began.is_set() or await vllm_running(col)) and not stream.done()
 
     if not await eventually(running, timeout=WAIT_DEADLINE_S, unless=stream.done):
         stream.cancel()
@@ -136,14 +134,14 @@ async def spans_across_keep_update(col: Column) -> Finding:
         return red("the stream asked for weight_versions and lived through a reload; it came back with none")
     labels = [span.get("version") for span in spans]
     ends = [0] + [span.get("end") for span in spans]
-    whole = all(span.get("start") == ends[i] for i, span in enumerate(spans)) and ends[-1] == SPAN_TOKENS
+    whole = all(span.get("start") == ends[i] for i, span in enumerate(spans)) and ends[-1] == col.stream_tokens
     if len(spans) < 2 or len(set(labels)) < 2:
         return red(
             f"the weights were reloaded while the stream was paused, but its spans name one version for all its "
             f"tokens: {json.dumps(spans)[:120]}"
         )
     if not whole:
-        return red(f"the spans do not cover the stream's {SPAN_TOKENS} tokens end to end: {json.dumps(spans)[:120]}")
+        return red(f"the spans do not cover the stream's {col.stream_tokens} tokens: {json.dumps(spans)[:120]}")
     return green(f"the spans split where the reloaded weights began: {json.dumps(spans)[:140]}")
 
 

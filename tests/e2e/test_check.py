@@ -34,6 +34,8 @@ PROFILES = ("0.32", "0.33")
 SESSION_TIMEOUT = aiohttp.ClientTimeout(total=60)
 #: Short enough that the matrix runs in seconds here; the command's own window is 2 s.
 WINDOW_S = 0.4
+#: A stream the simulator makes in under a second (the command's own: STREAM_TOKENS, for vLLM-for-CPU).
+SIM_STREAM_TOKENS = 400
 #: Each lie the simulator injects without killing its process, and the row that must catch it.
 LIES = [
     ("sleep:lie-asleep", "sleep-wake-level-1"),
@@ -88,7 +90,7 @@ async def run_check(tmp_path: Path, **given: Any) -> Report:
     adapter.mkdir(exist_ok=True)
     (adapter / "adapter_config.json").write_text("{}")
     options = Options(lifecycle=True, gpu_probe=f"file:{tmp_path / 'gpu.json'}", lora=[("sql-lora", str(adapter))],
-                      pending_window_s=WINDOW_S, **given)  # fmt: skip
+                      pending_window_s=WINDOW_S, stream_tokens=SIM_STREAM_TOKENS, **given)  # fmt: skip
     return await check(options)
 
 
