@@ -457,13 +457,15 @@ class Engine(EngineCore):
             # SkyRL's DeltaWeightTransferEngine: LocalCheckpointStore.validate_ready before the reload.
             self.weight_update_active = False
             raise errors.worker_failed(f"delta checkpoint version {version} was not fetched (/fetch_weights first)")
-        if fired.kind == "partial":
+        uuid = self.settings.gpu_uuids[0]
+        elsewhere = _ipc_handles_elsewhere(update_info, uuid)
+        if fired.kind == "partial" or elsewhere is not None:
             # Worker.update_weights ends the session on any failure of the transfer engine (v1/worker/gpu_worker.py),
             # here ipc_engine.py's handle lookup after some tensors were already loaded.
             self.weight_update_active = self.weight_update_draft = False
             self.weights_partial = True
-            uuid = self.settings.gpu_uuids[0]
-            raise errors.worker_failed(f"IPC handle not found for GPU UUID {uuid}. Available UUIDs: ['GPU-trainer-0']")
+            available = elsewhere or ["GPU-trainer-0"]
+            raise errors.worker_failed(f"IPC handle not found for GPU UUID {uuid}. Available UUIDs: {available}")
         if self.weight_update_draft:
             self.draft_weight_writes += 1
         elif self.lora_round_target is None:
@@ -497,3 +499,13 @@ class Engine(EngineCore):
         self.check_alive()
         self.weight_version = version
         return {"success": True, "new_version": version}
+
+
+def _ipc_handles_elsewhere(update_info: dict[str, object] | None, uuid: str) -> list[str] | None:
+    """The GPUs an IPC chunk's handles name when one names none of this engine's (ipc_engine.py receive_weights: a
+    per-parameter handle is looked up by the worker's physical GPU UUID); None for any other chunk."""
+    handles = (update_info or {}).get("ipc_handles")
+    for handle in handles if isinstance(handles, list) else ():
+        if isinstance(handle, dict) and uuid not in handle:
+            return [str(key) for key in handle]
+    return None

@@ -21,6 +21,9 @@ CANARY_PROMPT = "The capital of France is"
 PENDING_WINDOW_S = 2.0
 #: The deadline of a request a row leaves waiting while the engine sleeps, and of restoring the engine.
 WAIT_DEADLINE_S = 30.0
+#: The tokens of a stream a row pauses mid-way: seconds long on vLLM-for-CPU's tiny model (it streams 600 in about a
+#: second, and a loaded machine sees the first of them late).
+STREAM_TOKENS = 3000
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Column:
     golden: str | None = None
     steps: list[Reply] = field(default_factory=list)
     pending_window_s: float = PENDING_WINDOW_S
+    stream_tokens: int = STREAM_TOKENS
     restore_deadline_s: float = WAIT_DEADLINE_S
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Reply:

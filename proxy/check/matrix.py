@@ -31,6 +31,7 @@ from .scenarios import (
     weight_update_in_order,
     weight_update_while_asleep,
 )
+from .version_scenarios import label_after_failed_chunk, relabel_without_change, spans_across_keep_update
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,31 @@ ROWS: tuple[Row, ...] = (
         '/reset_prefix_cache answers 200 {"success": false}; later requests reuse KV of the old weights',
         "vLLM #46893, #57727 · class 21",
         prefix_cache_after_weight_change,
+        "protocol",
+    ),
+    Row(
+        "label-after-failed-chunk",
+        "a label after a chunk of a weight update failed mid-way",
+        "the weights are partial; /weight_info still names a version and /health says 200; the next request kills "
+        "the engine",
+        "vLLM PR #57854 · class 30",
+        label_after_failed_chunk,
+        "protocol",
+    ),
+    Row(
+        "relabel-without-change",
+        "/update_weight_version with no weight change",
+        "200: spans and /weight_info name a new version of the same weights, and nothing says so",
+        "vLLM #49040 · class 31",
+        relabel_without_change,
+        "protocol",
+    ),
+    Row(
+        "spans-across-keep-update",
+        "a stream's weight_versions across a keep-mode pause and a reload",
+        "a reload sets no label: the spans name one version for tokens two weights produced (0.32: no spans)",
+        "vLLM #49040 · classes 31, 32",
+        spans_across_keep_update,
         "protocol",
     ),
     Row(

@@ -12,7 +12,7 @@ import aiohttp
 
 from ..gpu.readers import GpuMemoryReader, make_reader
 from .client import CALL_TIMEOUT_S, Http
-from .column import PENDING_WINDOW_S, Column
+from .column import PENDING_WINDOW_S, STREAM_TOKENS, Column
 from .matrix import Row, select
 from .scenarios import GREEN, RED, SKIP, Finding
 from .target import CheckError, Target, inspect
@@ -36,6 +36,7 @@ class Options:
     lora: list[tuple[str, str]] = field(default_factory=list)  # (name, path) to load before the rows
     direct_column: bool = True  # False: through the lifeguard only, even when its upstream is reachable
     pending_window_s: float = PENDING_WINDOW_S
+    stream_tokens: int = STREAM_TOKENS  # a stream a row pauses mid-way
     call_timeout_s: float = CALL_TIMEOUT_S  # the deadline of one lifecycle call
 
 
@@ -229,7 +230,7 @@ async def _column(
 ) -> Column:
     http = Http(session, target.url, options.token if target.kind == "lifeguard" else None, options.call_timeout_s)
     column = Column(name, http, target.kind == "lifeguard", target.model, gpu, list(target.lora_adapters))
-    column.pending_window_s = options.pending_window_s
+    column.pending_window_s, column.stream_tokens = options.pending_window_s, options.stream_tokens
     return column
 
 

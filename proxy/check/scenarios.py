@@ -300,7 +300,7 @@ async def prefix_cache_after_weight_change(col: Column) -> Finding:
     stream = col.later(col.call("POST", "/v1/completions", json_body=body, timeout=120, first_bytes=began))
 
     async def running() -> bool:
-        return (began.is_set() or await _running(col)) and not stream.done()
+        return (began.is_set() or await vllm_running(col)) and not stream.done()
 
     if not await eventually(running, timeout=WAIT_DEADLINE_S, unless=stream.done):
         stream.cancel()
@@ -408,7 +408,7 @@ async def _waiting(col: Column) -> float:
     return metric_sum(text, "vllm:num_requests_waiting") + metric_sum(text, "vllm:num_requests_running")
 
 
-async def _running(col: Column) -> bool:
+async def vllm_running(col: Column) -> bool:
     text = (await col.http.get("/metrics", timeout=10)).text
     return metric_sum(text, "vllm:num_requests_running") > 0
 

@@ -110,6 +110,9 @@ class Front:
             plan = engine.plan_at_once(route.path, route.target, request.whole_body())
             return Forward(client, request, engine, plan.target or route.target, drop=request.drop,
                            on_answer=plan.on_answer)  # fmt: skip
+        if kind is RouteKind.NEVER_GATED:
+            plan = engine.plan_read(route.path)
+            return Forward(client, request, engine, route.target, drop=request.drop, rewrite=plan.rewrite)
         if kind is RouteKind.UNKNOWN:
             engine.unknown_routes.seen(request.method.decode("latin-1"), route.path)
         return Forward(client, request, engine, route.target, drop=request.drop)

@@ -23,7 +23,7 @@ from ..upstream.pool import UpstreamConnection
 from ..upstream.refusals import REFUSAL_STATUS, Pending, Refusal, response_refusal, stream_refusal
 from .boundary import caught
 from .request_reader import ParsedRequest
-from .versioned import VersionStamp
+from .versioned import VersionStamp, with_length
 from .wire import (
     END_CHUNKS,
     HOP_BY_HOP,
@@ -135,6 +135,7 @@ class Forward(Answering):
         "_drop",
         "_on_end",
         "_on_answer",
+        "_rewrite",
         "conn",
         "wants_connection",
         "upstream_done",
@@ -160,6 +161,7 @@ class Forward(Answering):
         drop: frozenset[bytes] = frozenset(),
         on_end: Callable[[], None] | None = None,
         on_answer: Callable[[int, bytes], bytes | None] | None = None,
+        rewrite: Callable[[int, bytes], bytes | None] | None = None,
     ) -> None:
         super().__init__(client, request)
         self._engine = engine
@@ -169,6 +171,7 @@ class Forward(Answering):
         self._drop = drop
         self._on_end = on_end
         self._on_answer = on_answer
+        self._rewrite = rewrite  # a whole answer's body as the client gets it (None: as vLLM sent it)
         self.conn: UpstreamConnection | None = None
         self.wants_connection = True
         self.upstream_done = False
@@ -367,6 +370,8 @@ class Forward(Answering):
             line = self._on_answer(self._status, b"".join(self._buffer[1:])) if self._on_answer is not None else None
             if line is not None:  # a header line the answer's reader adds, before the head's blank line
                 self._buffer[0] = self._buffer[0][:-2] + line + b"\r\n\r\n"
+            if self._rewrite is not None and (body := self._rewrite(self._status, b"".join(self._buffer[1:]))):
+                self._buffer[:] = [with_length(self._buffer[0], body), body]
             if self._stamp is not None:
                 self._buffer[:] = self._stamp.whole(self._buffer[0], b"".join(self._buffer[1:]))
             self._flush_with(b"".join(self._buffer))

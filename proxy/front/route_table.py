@@ -103,7 +103,7 @@ VLLM_ROUTES: tuple[tuple[tuple[str, ...], str, RouteKind], ...] = (
     (_R, "/is_sleeping", RouteKind.NEVER_GATED),
     (_R, "/is_paused", RouteKind.NEVER_GATED),
     (_R, "/server_info", RouteKind.NEVER_GATED),
-    (_R, "/weight_info", RouteKind.NEVER_GATED),
+    (_R, "/weight_info", RouteKind.NEVER_GATED),  # answered with the vouched weight version (Engine.plan_read)
     (_R, "/get_world_size", RouteKind.NEVER_GATED),
     (_R, "/kv_event_sources", RouteKind.NEVER_GATED),
     (_R, "/tokenizer_info", RouteKind.NEVER_GATED),

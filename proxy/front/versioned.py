@@ -34,6 +34,11 @@ def _header_line(version: WeightVersion) -> bytes:
     return HEADER + version.header_value
 
 
+def with_length(head: bytes, body: bytes) -> bytes:
+    """A whole answer's head with the Content-Length of the body that replaces vLLM's."""
+    return _LENGTH.sub(b"\r\nContent-Length: %d" % len(body), head, count=1)
+
+
 def _tokens_of(choice: dict[str, object]) -> int:
     """The tokens one choice of an answer (or of a stream's event) carries: its `token_ids` (`return_token_ids`), else
     one for a piece of text (vLLM streams one token a step, and holds back none but a partial character's)."""
@@ -95,7 +100,7 @@ class VersionStamp:
         relabelled = self._rewritten(body, whole=True)
         if relabelled is None:
             return head, body
-        return _LENGTH.sub(b"\r\nContent-Length: %d" % len(relabelled), head, count=1), relabelled
+        return with_length(head, relabelled), relabelled
 
     def stream(self, data: bytes) -> bytes:
         """A piece of an SSE stream: counted; for a request that asked, whole events go out with their spans vouched

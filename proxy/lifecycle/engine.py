@@ -44,7 +44,7 @@ from .rules import EngineView, control_refusal, serving_refusal
 from .states import State
 from .verifier import Verifier
 from .weight_checksums import resets_weights
-from .weight_version import RELABEL_PATH
+from .weight_version import RELABEL_PATH, WEIGHT_INFO_PATH
 
 T = TypeVar("T")
 
@@ -56,6 +56,7 @@ class ControlPlan:
 
     on_answer: Callable[[int, bytes], bytes | None] | None = None
     zeroes_weights: bool = False
+    rewrite: Callable[[int, bytes], bytes | None] | None = None  # the body the client gets instead of vLLM's
     target: bytes | None = None  # what is sent instead of the client's target (None: the client's)
 
 
@@ -174,6 +175,11 @@ class Engine:
             return ControlPlan(self.coordinator.client_reset_answered)
         answered = functools.partial(self.coordinator.client_reset_answered, tier_kept=tier_kept_by(target))
         return ControlPlan(answered, target=emptying_both_tiers(target))
+
+    def plan_read(self, path: str) -> ControlPlan:
+        """A read forwarded in every state: `/weight_info` answers with the version the proxy vouches for (vLLM's own
+        label is wrong after a restart, a reload, a relabel behind the proxy's back or a failed chunk)."""
+        return ControlPlan(rewrite=self.versions.info_answered) if path == WEIGHT_INFO_PATH else _FORWARD_AS_IS
 
     def plan_serialized(self, path: str, body: bytes) -> ControlPlan:
         """A control call that touches weights or memory, run by `exclusive`: a LoRA adapter loaded again is

@@ -12,7 +12,7 @@ import asyncio
 import enum
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,8 @@ class Verifier:
         # discard for the reload after it: that wake cannot check them (no canary runs on discarded weights).
         self._kept_for_reload: dict[str, AdapterMark] = {}
         self._base_at_sleep: CanaryAnswer | None = None
+        # That reload came while the KV cache slept (SkyRL's order): its check is due at the KV cache's wake.
+        self._reload_check_due = False
         # The prefix cache's partition (prefix_cache.py) the canary carries while old-weight blocks remain.
         self.cache_salt: str | None = None
         self._last_answer: CanaryAnswer | None = None
@@ -135,6 +137,8 @@ class Verifier:
             self._add(verdict, await self._check_canary())
         if verdict.failed is None and expect.canary and self._before_sleep:
             self._add(verdict, await self._check_adapters())
+        if verdict.failed is None and expect.canary and self._reload_check_due:
+            self._add(verdict, await self._check_reloaded_adapters())
         verdict.seconds = time.monotonic() - started
         self.last = verdict
         return verdict
@@ -169,7 +173,7 @@ class Verifier:
     def forget_adapters(self) -> None:
         """A LoRA load or unload went through: nothing recorded about the adapters holds."""
         self._forget_recorded()
-        self._kept_for_reload = {}
+        self._kept_for_reload, self._reload_check_due = {}, False
 
     def _forget_recorded(self) -> None:
         """The adapters (or the weights under them) changed legitimately: a LoRA load or unload went through, or the
@@ -215,7 +219,7 @@ class Verifier:
         """A sleep begins: the adapters to find again after the wake are those recorded now."""
         self._before_sleep = dict(self.adapters) if self._settings.lora_check else {}
         self._kept_for_reload, self._base_at_sleep = dict(self._before_sleep), self.golden or self._last_answer
-        self._adapters_reloaded = False
+        self._adapters_reloaded = self._reload_check_due = False
 
     async def adapters_lost_in_reload(self) -> dict[str, tuple[AdapterMark, str]]:
         """After a reload of weights a level-2 sleep discarded: the adapters listed when that sleep began that are gone,
@@ -244,6 +248,20 @@ class Verifier:
                     then = f"before the sleep it answered {mark.golden.text!r}, the base model {base_then.text!r}"
                     lost[name] = (mark, f"adapter {name!r} answers {answer.text!r} as the base model does; {then}")
         return lost
+
+    def reload_check_at_wake(self) -> None:
+        """A reload of weights a level-2 sleep discarded came while the KV cache sleeps (SkyRL's order: weights, reload,
+        KV cache): no completion can run yet, so its adapters are checked at the wake that brings the KV cache back."""
+        self._reload_check_due = bool(self._kept_for_reload)
+
+    async def _check_reloaded_adapters(self) -> Check:
+        """At that wake: `adapters_lost_in_reload`'s rule, as one check of the wake."""
+        self._reload_check_due = False
+        lost = await self.adapters_lost_in_reload()
+        if not lost:
+            return Check(CheckName.LORA, CheckResult.PASS, "the adapters of before the level-2 sleep are not lost")
+        self.adapters_lost(lost)
+        return Check(CheckName.LORA, CheckResult.FAIL, lost_detail(p for _, p in lost.values()), sorted(lost))
 
     def adapters_lost(self, lost: dict[str, tuple[AdapterMark, str]]) -> None:
         """`adapters_lost_in_reload` found these: held lost until each is loaded again or unloaded."""
@@ -274,8 +292,7 @@ class Verifier:
                 lost[name] = mark
         if problems:
             self.lost_adapters = lost
-            detail = "; ".join(problems) + " (vLLM #53888); load it again (/v1/load_lora_adapter) or unload it"
-            return Check(CheckName.LORA, CheckResult.FAIL, detail, sorted(lost))
+            return Check(CheckName.LORA, CheckResult.FAIL, lost_detail(problems), sorted(lost))
         answered = sum(1 for mark in before.values() if mark.golden is not None)
         detail = f"{len(before)} adapter(s) listed as before the sleep, {answered} answering as before"
         return Check(CheckName.LORA, CheckResult.PASS, detail, sorted(before))
@@ -497,3 +514,8 @@ def _dead(obs: Observation) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def lost_detail(problems: Iterable[str]) -> str:
+    """What a client is told of adapters found lost, and the way back."""
+    return "; ".join(problems) + " (vLLM #53888); load it again (/v1/load_lora_adapter) or unload it"

@@ -33,7 +33,7 @@ from .record import EngineRecord
 from .rules import START_OPERATIONS, FailureKind, SessionTarget, Staleness
 from .states import State
 from .verdict import CheckName, CheckResult
-from .verifier import AdapterMark, Verifier
+from .verifier import AdapterMark, Verifier, lost_detail
 from .weight_checksums import RESET_RPC, WeightChecksums, reloads_checkpoint
 from .weight_version import WeightVersions, json_object, label_sent, with_label
 from .worker_rpcs import RpcKind
@@ -280,6 +280,8 @@ class WeightUpdates:
             # cache still sleeps (SkyRL's order: weights, reload, KV cache): no completion could run.
             checkable = after_discard and not self._record.asleep_tags
             lost = await self._verifier.adapters_lost_in_reload() if checkable else {}
+            if after_discard and not checkable:
+                self._verifier.reload_check_at_wake()
             self._record.weights_loaded(f"a reload through /collective_rpc ({call.rpc_method})")
             self._bind_digest(reads)
             if lost:
@@ -293,8 +295,7 @@ class WeightUpdates:
         """A LoRA adapter served before a level-2 sleep is gone, or answers as the base model, once the weights are
         back: FAILED (`lora`) as after a wake that lost it (sleep_operations.py), until it is loaded again."""
         self._verifier.adapters_lost(lost)
-        detail = "; ".join(problem for _, problem in lost.values())
-        detail += " (vLLM #53888); load it again (/v1/load_lora_adapter) or unload it"
+        detail = lost_detail(problem for _, problem in lost.values())
         self._record.set_failed(
             FailureKind.LORA, f"a LoRA adapter served before the level-2 sleep is lost after the reload: {detail}"
         )

@@ -25,6 +25,8 @@ log = logging.getLogger("lifeguard.lifecycle")
 #: The route that relabels vLLM's weights, and the header on its answer.
 RELABEL_PATH = "/update_weight_version"
 RELABEL_HEADER = b"X-Lifeguard-Weights-Unchanged"
+#: vLLM's read of its label (rl/online/api_router.py: `{"weight_version": ...}`), answered with the vouched one.
+WEIGHT_INFO_PATH = "/weight_info"
 #: How many past versions are kept to name the spans of a request that lived through several.
 _KEPT = 16
 # A label goes out in a header as printable ASCII; anything else is percent-encoded.
@@ -161,6 +163,24 @@ class WeightVersions:
             return RELABEL_HEADER + {True: b": true", False: b": false", None: b": unknown"}[unchanged]
 
         return answered
+
+    def info_answered(self, status: int, body: bytes) -> bytes | None:
+        """vLLM's `/weight_info` answer as the client gets it: `weight_version` is the vouched label (vLLM's, which
+        may be `"default"` after a restart or a label sent behind the proxy's back, moves to `vllm_weight_version`),
+        with the generation, the digest and whether the weights are partial beside it; None: vLLM's as it came."""
+        payload = json_object(body) if status == 200 else None
+        if payload is None:
+            return None
+        current = self.current
+        return json.dumps({
+            **payload,
+            "weight_version": current.label,
+            "vllm_weight_version": payload.get("weight_version"),
+            "generation": current.generation,
+            "digest": current.digest,
+            "weights_partial": self.partial_after is not None,
+            "partial_after": self.partial_after,
+        }).encode()  # fmt: skip
 
     def relabeled(self, label: str) -> bool | None:
         """The trainer relabelled the weights (`/update_weight_version`); True when nothing changed since the label

@@ -454,3 +454,51 @@ async def test_a_rollout_after_the_fully_async_sync_never_reuses_the_old_weights
         assert len(after["response_ids"][0]) == 6
         await asyncio.wait_for(kept, timeout=TRAINER_DEADLINE_S)
     await stack.assert_clean()
+
+
+async def test_the_label_skyrls_control_plane_publishes_is_served_after_a_whole_sync_never_after_a_failed_chunk(
+    side: Any, make_stack: Callable[..., Awaitable[ProcessStack]]
+) -> None:
+    """SkyRL 0.4 reads no weight version from the server: `RemoteInferenceClient.weight_version` counts its own syncs
+    (the prefix-cache salt, generators/skyrl_gym_generator.py). It writes one: `SkyrlWeightSyncClient.
+    finish_weight_update(weight_version)` (weight_sync/control_plane.py). A label it sends after a chunk that failed
+    mid-way is refused, and `/weight_info` keeps the whole weights' label and says they are partial."""
+    stack = await make_stack(drafter=False)
+    client = weight_sync_client(side, stack, backend="ipc")
+    failures: list[str] = []
+
+    async def sync(label: str) -> None:
+        client.start_weight_update()
+        try:
+            client.update_weights({"names": NAMES})
+        except RuntimeError as exc:
+            failures.append(f"update_weights: {exc}")
+        try:
+            client.finish_weight_update(weight_version=label)
+        except RuntimeError as exc:
+            failures.append(f"finish_weight_update: {exc}")
+
+    async def weight_info() -> dict[str, Any]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.get(f"{stack.url}/weight_info") as response:
+                assert response.status == 200, await response.text()
+                info: dict[str, Any] = await response.json()
+                return info
+
+    client.init_weight_transfer_engine({})
+    await in_trainer(stack, sync("step-1"))
+    assert (failures, (await weight_info())["weight_version"]) == ([], "step-1")
+
+    await stack.set_faults("update_weights:partial")
+    await in_trainer(stack, sync("step-2"))
+    assert [failure.split(":")[0] for failure in failures] == ["update_weights", "finish_weight_update"], failures
+    assert "/update_weights" in failures[1], failures  # the finish's refusal names the chunk that failed
+    info = await weight_info()
+    assert (info["weight_version"], info["weights_partial"]) == ("step-1", True), info
+
+    failures.clear()
+    await in_trainer(stack, sync("step-3"))
+    info = await weight_info()
+    assert (failures, info["weight_version"], info["weights_partial"]) == ([], "step-3", False), info
+    client.close()
+    await stack.assert_clean()

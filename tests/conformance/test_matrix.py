@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from proxy.check.client import Http
-from proxy.check.column import Column
+from proxy.check.column import STREAM_TOKENS, Column
 from proxy.check.matrix import ROWS, Row
 from proxy.check.run import load_adapters, run_row
 from proxy.check.scenarios import RED, SKIP
@@ -45,12 +45,15 @@ VLLM_DOES = {
     "prefix-cache-after-weight-change": RED,
     "lora-across-wake": GREEN,
     "memory-follows-sleep": SKIP,
+    "label-after-failed-chunk": RED,
+    "relabel-without-change": RED,
+    "spans-across-keep-update": RED,
     "checkpoint-cycle": SKIP,  # vLLM 0.34's; the profiles run here are 0.32 and 0.33 (docs/matrix/sim-0.34.md)
     "kept-offload-tier": SKIP,  # vLLM 0.34's reset_connector, as checkpoint-cycle
     "stall-behind-health": RED,  # the row arms the simulator's stall fault
 }
 #: Where the real vLLM-for-CPU 0.32 differs (docs/matrix/): on CPU a level-2 sleep discards nothing, no weight
-#: transfer is configured, and the suite's server serves no LoRA.
+#: transfer is configured (no session starts, so no chunk can fail), and the suite's server serves no LoRA.
 VLLM_CPU_DIFFERS = {
     "level-2-wake-without-reload": GREEN,
     "start-twice": SKIP,
@@ -60,9 +63,12 @@ VLLM_CPU_DIFFERS = {
     "checkpoint-cycle": SKIP,
     "kept-offload-tier": SKIP,
     "stall-behind-health": SKIP,  # no stall can be made from outside a real vLLM
+    "label-after-failed-chunk": SKIP,
 }
 #: Short here; the command waits 2 s before it calls a request hung.
 WINDOW_S = 0.5
+#: The simulator makes this stream in under a second; vLLM-for-CPU gets the command's own.
+SIM_STREAM_TOKENS = 400
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
@@ -71,7 +77,15 @@ async def test_a_row_of_the_check_on_vllm_itself(
 ) -> None:
     expected = (VLLM_CPU_DIFFERS if REAL_ENGINE_URL else {}).get(row.id, VLLM_DOES.get(row.id))
     assert expected is not None, f"a new row of the check: say in VLLM_DOES what vLLM does with {row.id}"
-    column = Column("direct", Http(session, engine_url), False, MODEL, NoGpuReader(), pending_window_s=WINDOW_S)
+    column = Column(
+        "direct",
+        Http(session, engine_url),
+        False,
+        MODEL,
+        NoGpuReader(),
+        pending_window_s=WINDOW_S,
+        stream_tokens=STREAM_TOKENS if REAL_ENGINE_URL else SIM_STREAM_TOKENS,
+    )
     column.golden = await column.answer_text()
     if not REAL_ENGINE_URL:
         adapter = tmp_path / "check-lora"

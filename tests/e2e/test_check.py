@@ -34,6 +34,8 @@ PROFILES = ("0.32", "0.33")
 SESSION_TIMEOUT = aiohttp.ClientTimeout(total=60)
 #: Short enough that the matrix runs in seconds here; the command's own window is 2 s.
 WINDOW_S = 0.4
+#: A stream the simulator makes in under a second (the command's own: STREAM_TOKENS, for vLLM-for-CPU).
+SIM_STREAM_TOKENS = 400
 #: Each lie the simulator injects without killing its process, and the row that must catch it.
 LIES = [
     ("sleep:lie-asleep", "sleep-wake-level-1"),
@@ -49,7 +51,8 @@ LIES = [
 NATURAL_REDS = {
     "level-2-wake-without-reload", "repeated-sleep", "request-during-sleep", "wake-unknown-tag", "wake-comma-tags",
     "partial-wake-then-forward", "resume-while-asleep", "wake-lifts-pause", "second-resume",
-    "weight-update-while-asleep", "prefix-cache-after-weight-change",
+    "weight-update-while-asleep", "prefix-cache-after-weight-change", "label-after-failed-chunk",
+    "relabel-without-change", "spans-across-keep-update",
     "stall-behind-health",  # the row arms the simulator's stall: a router sees /health 200 throughout
 }  # fmt: skip
 
@@ -90,7 +93,7 @@ async def run_check(tmp_path: Path, **given: Any) -> Report:
     adapter.mkdir(exist_ok=True)
     (adapter / "adapter_config.json").write_text("{}")
     options = Options(lifecycle=True, gpu_probe=f"file:{tmp_path / 'gpu.json'}", lora=[("sql-lora", str(adapter))],
-                      pending_window_s=WINDOW_S, **given)  # fmt: skip
+                      pending_window_s=WINDOW_S, stream_tokens=SIM_STREAM_TOKENS, **given)  # fmt: skip
     return await check(options)
 
 
@@ -186,6 +189,27 @@ async def test_a_kept_offload_tier_and_a_stall_are_red_on_vllm_034_itself_and_gr
     assert direct.verdict == "red" and "/health answered 200" in direct.why, direct.why
     assert through.verdict == "green" and "503 stalled" in through.why, through.why
     assert (await stack.state())["state"] == "RUNNING"
+
+
+async def test_the_weight_version_rows_are_red_on_vllm_033_itself_and_green_through_the_lifeguard(
+    make_stack: Callable[..., Awaitable[Stack]], tmp_path: Path
+) -> None:
+    """vLLM's label is whatever was sent last (issue 51): after a chunk that failed mid-way nothing says the weights
+    are partial, a relabel of the same weights is a new version, a reload mid-stream leaves one span."""
+    stack = await make_stack(sim_settings("0.33", tmp_path / "gpu.json"))
+    rows = ["label-after-failed-chunk", "relabel-without-change", "spans-across-keep-update"]
+    report = await run_check(tmp_path, url=url_of(stack.client.server), rows=rows)
+    direct = {row: cell(report, row, "direct") for row in rows}
+    through = {row: cell(report, row, "through") for row in rows}
+    assert {row: c.verdict for row, c in direct.items()} == dict.fromkeys(rows, "red"), direct
+    assert "nothing says the weights are partial" in direct["label-after-failed-chunk"].why
+    assert "one version for all its tokens" in direct["spans-across-keep-update"].why
+    assert {row: c.why for row, c in through.items() if c.verdict != "green"} == {}
+    assert "409" in through["label-after-failed-chunk"].why
+    assert "X-Lifeguard-Weights-Unchanged: true" in through["relabel-without-change"].why
+    assert "split where the reloaded weights began" in through["spans-across-keep-update"].why
+    assert stack.sim.state_dict()["weights_partial"] is False, "the row reloaded the weights it broke"
+    assert (await stack.state())["state"] == "RUNNING" and report.exit_code == 0
 
 
 def lifecycle_counters(engine: Engine) -> dict[str, object]:

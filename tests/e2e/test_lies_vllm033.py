@@ -44,14 +44,30 @@ def _adapter_dir(tmp_path: Path) -> Path:
 # ----- 12: a LoRA adapter lost in a wake (vLLM #53888)
 
 
-async def test_12_a_lora_adapter_lost_in_the_wake_fails_the_wake_naming_it_until_it_is_loaded_again(
-    make_stack: Any, tmp_path: Path
-) -> None:
-    stack: Stack = await make_stack(LORA_SIM)
+async def _adapter_served(stack: Stack, tmp_path: Path) -> tuple[Any, Any]:
+    """Adapter `sql` loaded, answering apart from the base model, its canary recorded: the base's and its answers."""
     await _load_adapter(stack, _adapter_dir(tmp_path))
     base, tuned = await _answer(stack, "tiny"), await _answer(stack, "sql")
     assert tuned != base
     await stack.wait_for(lambda s: s["lora_adapters"].get("sql", {}).get("canary_recorded") is True, timeout=5)
+    return base, tuned
+
+
+async def _failed_until_loaded_again(stack: Stack, tmp_path: Path, tuned: Any) -> None:
+    """FAILED `lora` naming `sql`, then the way back, as after a level-1 wake: the adapter loaded again."""
+    snapshot = await stack.state()
+    assert (snapshot["state"], snapshot["failure"], snapshot["lost_lora_adapters"]) == ("FAILED", "lora", ["sql"])
+    await _load_adapter(stack, tmp_path, again=True)
+    await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 2)
+    assert await _answer(stack, "sql") == tuned
+    assert stack.sim.state_dict()["violations"] == []
+
+
+async def test_12_a_lora_adapter_lost_in_the_wake_fails_the_wake_naming_it_until_it_is_loaded_again(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    stack: Stack = await make_stack(LORA_SIM)
+    base, tuned = await _adapter_served(stack, tmp_path)
     assert (await stack.client.post("/sleep?level=1")).status == 200
     stack.faults("wake_up:lose-lora")
 
@@ -115,10 +131,7 @@ async def test_12_an_adapter_lost_in_the_wake_after_a_level_2_sleep_is_not_serve
     listed, answers as the base model. The reload now checks the adapters recorded when the sleep began, while inference
     is still held: one that answered apart from the base model then and as it now is lost, as after a level-1 wake."""
     stack: Stack = await make_stack(LORA_SIM)
-    await _load_adapter(stack, _adapter_dir(tmp_path))
-    base, tuned = await _answer(stack, "tiny"), await _answer(stack, "sql")
-    assert tuned != base
-    await stack.wait_for(lambda s: s["lora_adapters"].get("sql", {}).get("canary_recorded") is True, timeout=5)
+    base, tuned = await _adapter_served(stack, tmp_path)
     assert (await stack.client.post("/sleep?level=2")).status == 200
     stack.faults("wake_up:lose-lora")
     assert (await stack.client.post("/wake_up")).status == 200  # awake on discarded weights: held until a reload
@@ -130,14 +143,32 @@ async def test_12_an_adapter_lost_in_the_wake_after_a_level_2_sleep_is_not_serve
     assert reload.status == 503
     error = (await reload.json())["error"]
     assert error["reason"] == "verification_failed" and "adapter 'sql' answers" in error["message"]
-    snapshot = await stack.state()
-    assert (snapshot["state"], snapshot["failure"], snapshot["lost_lora_adapters"]) == ("FAILED", "lora", ["sql"])
     assert answer[0] == 503
+    await _failed_until_loaded_again(stack, tmp_path, tuned)
 
-    await _load_adapter(stack, tmp_path, again=True)  # the way back, as after a level-1 wake
-    await stack.wait_state("RUNNING", timeout=5 * stack.settings.reconcile_interval_s + 2)
-    assert await _answer(stack, "sql") == tuned
-    assert stack.sim.state_dict()["violations"] == []
+
+async def test_12_an_adapter_lost_in_skyrls_level_2_order_is_caught_at_the_kv_cache_wake(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """SkyRL's order after a level-2 sleep: wake the weights, reload them, then wake the KV cache. The reload cannot
+    check the adapters (no completion runs while the KV cache sleeps), so the KV cache's wake does, inference still
+    held: an adapter that answers as the base model is lost, never served."""
+    stack: Stack = await make_stack(LORA_SIM)
+    base, tuned = await _adapter_served(stack, tmp_path)
+    assert (await stack.client.post("/sleep?level=2")).status == 200
+    stack.faults("wake_up:lose-lora")
+    assert (await stack.client.post("/wake_up?tags=weights")).status == 200
+    reload = await stack.client.post("/collective_rpc", json={"method": "reload_weights"})
+    assert reload.status == 200, await reload.text()  # the KV cache sleeps: nothing can answer a canary yet
+
+    wake = await stack.client.post("/wake_up?tags=kv_cache")
+
+    answer = await _answer(stack, "sql")
+    assert answer != base, f"after the KV cache's wake ({wake.status}) the adapter answers as the base model"
+    assert wake.status == 503
+    error = (await wake.json())["error"]
+    assert error["reason"] == "verification_failed" and "adapter 'sql'" in error["message"], error
+    await _failed_until_loaded_again(stack, tmp_path, tuned)
 
 
 # ----- 13: elastic EP scaling, never trusted from /health

@@ -182,3 +182,33 @@ async def test_a_version_is_bound_to_the_digest_of_vllms_checksums_read_after_it
     assert (await _session(stack, "v2")).status == 200
     second = (await stack.state())["weight_version"]
     assert second["generation"] == 2 and second["digest"] not in (None, first["digest"])
+
+
+async def _weight_info(stack: Stack) -> dict[str, Any]:
+    resp = await stack.client.get("/weight_info")
+    assert resp.status == 200, await resp.text()
+    info: dict[str, Any] = await resp.json()
+    return info
+
+
+async def test_weight_info_names_the_vouched_version_beside_vllms_own_label(make_stack: Any) -> None:
+    """vLLM's `/weight_info` says whatever label it was last sent; through the proxy its `weight_version` is the one
+    the proxy vouches for, vLLM's is kept beside it, and partial weights are said."""
+    stack: Stack = await make_stack(SIM_033)
+    assert (await _session(stack, "v1")).status == 200
+    stack.sim.update_weight_version("v9")  # sent to vLLM directly: no weights changed
+    info = await _weight_info(stack)
+    assert (info["weight_version"], info["vllm_weight_version"], info["generation"]) == ("v1", "v9", 1)
+    assert (info["weights_partial"], info["partial_after"]) == (False, None)
+
+    assert (await _post(stack, "/start_weight_update")).status == 200
+    stack.faults("update_weights:partial")
+    assert (await _post(stack, "/update_weights", {"update_info": {}})).status == 503
+    assert (await _post(stack, "/finish_weight_update", {"weight_version": "v2"})).status == 409
+    info = await _weight_info(stack)
+    assert (info["weight_version"], info["weights_partial"]) == ("v1", True)
+    assert info["partial_after"].startswith("/update_weights")
+
+    assert (await _post(stack, "/collective_rpc", {"method": "reload_weights"})).status == 200
+    info = await _weight_info(stack)
+    assert (info["weight_version"], info["generation"], info["weights_partial"]) == ("lifeguard-2", 2, False)
