@@ -4,6 +4,7 @@ a stall behind a healthy `/health` (class 27). Same code on both columns, as eve
 
 from __future__ import annotations
 
+from ..lifecycle.vllm_release import at_least
 from .column import Column, completion_text, eventually
 from .scenarios import CACHED_PROMPT, Finding, green, red, skip
 
@@ -18,7 +19,7 @@ async def kept_offload_tier(col: Column) -> Finding:
     it), then the cached prompt: answered from KV the old weights computed where the tier kept its blocks."""
     version = (await col.http.get("/version", timeout=10)).body
     found = version.get("version") if isinstance(version, dict) else None
-    if not _at_least_034(found):
+    if not at_least(found, (0, 34)):
         return skip(f"reset_connector is vLLM 0.34's (this is {found or 'an unknown version'})")
     init = await col.call("POST", "/init_weight_transfer_engine", json_body={"init_info": {}})
     if init.status != 200:
@@ -86,11 +87,3 @@ async def stall_behind_health(col: Column) -> Finding:
         f"a request made no progress for seconds while /health answered {health.status}: nothing told a router or a "
         f"client (the request then answered {reply.summary()[:40]})"
     )
-
-
-def _at_least_034(version: object) -> bool:
-    try:
-        major, minor = (int(part) for part in str(version).split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (0, 34)

@@ -8,5 +8,5 @@ engines (`sharing/`) or of client connections (`front/`).
 May import: upstream, config, gpu, observe, errors, tasks.
 Door: engine (`Engine`, the one door); the vocabulary: states, parsed_calls, outcome, gate (the ticket),
 rules (the sleep tags, staleness, wake targets), prefix_cache (reading a reset's answer), weight_version (the
-vouched version and its spans, which every inference answer names).
+vouched version and its spans, which every inference answer names), vllm_release (which release an engine is).
 """

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..lifecycle.vllm_release import at_least
+
 GIB = 1 << 30
 MEMINFO = Path("/proc/meminfo")
 #: The first vLLM release that keeps a level-1 sleep's backup after the wake.
@@ -83,13 +85,7 @@ def mem_available(path: Path = MEMINFO) -> int | None:
 
 def keeps_backups(version: str | None) -> bool:
     """Whether vLLM `version` keeps a level-1 sleep's backup pinned after the wake (0.34 and later)."""
-    if version is None:
-        return False
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= _KEEPS_BACKUPS
+    return at_least(version, _KEEPS_BACKUPS)
 
 
 def _gib(n: float) -> str:
